@@ -1,0 +1,7 @@
+"""`python -m autotuner` is the same as the `autotuner` console script."""
+
+from __future__ import annotations
+
+from autotuner.cli import main
+
+raise SystemExit(main())
