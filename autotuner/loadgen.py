@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -251,7 +251,7 @@ class _Run:
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 raise _HttpError(resp.status, text)
-            async for raw in resp.content:
+            async for raw in _lines(resp, lambda: chunks):
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
@@ -285,6 +285,15 @@ class _Run:
             "prompt_tokens": usage.get("prompt_tokens") if usage else spec.input_tokens,
             "output_tokens": int(usage["completion_tokens"]) if usage else chunks,
         }
+
+
+async def _lines(resp: aiohttp.ClientResponse, chunks: Callable[[], int]) -> AsyncIterator[bytes]:
+    """The body's lines; a connection lost after the headers makes the request incomplete."""
+    try:
+        async for raw in resp.content:
+            yield raw
+    except aiohttp.ClientError as exc:
+        raise _Incomplete(f"connection lost after {chunks()} chunks: {exc!r}"[:300]) from None
 
 
 class _HttpError(Exception):

@@ -6,6 +6,7 @@ times, so two configs are compared on identical traffic.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -174,8 +175,11 @@ class Arrival:
         """Send times in seconds from the start, for open-loop processes (endless)."""
         if not self.open_loop or not self.rate or self.rate <= 0:
             raise ValueError("offsets() needs an open-loop arrival with a positive rate")
+        if self.process == "constant":
+            # Index times rate, not a running sum: no drift over long runs.
+            yield from (i / self.rate for i in itertools.count())
         rng = np.random.default_rng([seed, 0xA77])
         t = 0.0
         while True:
             yield t
-            t += rng.exponential(1.0 / self.rate) if self.process == "poisson" else 1.0 / self.rate
+            t += rng.exponential(1.0 / self.rate)
