@@ -154,8 +154,10 @@ class BenchOutcome:
 def _progress_printer(say: Say) -> Callable[[Progress], None]:
     def show(p: Progress) -> None:
         total = f"/{p.total}" if p.total else ""
-        say(f"  load: {p.done}{total} done, {p.sent - p.done} in flight, "
-            f"{p.failed} failed, {p.elapsed_s:.0f} s")
+        say(
+            f"  load: {p.done}{total} done, {p.sent - p.done} in flight, "
+            f"{p.failed} failed, {p.elapsed_s:.0f} s"
+        )
 
     return show
 
@@ -177,14 +179,20 @@ async def measure(
     try:
         endpoint = await engine.launch()
         say(f"engine healthy after {endpoint.startup_s:.0f} s on {endpoint.base_url}")
-        say(f"load: {plan.arrival.describe()}, {plan.requests or ''} requests"
+        say(
+            f"load: {plan.arrival.describe()}, {plan.requests or ''} requests"
             f"{f', {plan.duration_s:g} s' if plan.duration_s else ''}"
-            f", {plan.warmup_requests} warm-up")
+            f", {plan.warmup_requests} warm-up"
+        )
         gpus = None if sla.target.kind == "cpu" else list(sla.target.devices)
-        async with Monitor(endpoint.base_url, engine.processes, gpus) as monitor:
-            result = await run_load(
-                endpoint.base_url, endpoint.model, plan, progress=_progress_printer(say)
-            )
+        monitor = Monitor(endpoint.base_url, engine.processes, gpus)
+        result = await run_load(
+            endpoint.base_url,
+            endpoint.model,
+            plan,
+            progress=_progress_printer(say),
+            around=monitor,
+        )
         summary = monitor.summary()
         result = LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, summary
@@ -229,8 +237,10 @@ def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
     m = outcome.evaluation.metrics
     r = outcome.result
     w = out.write
-    w(f"\n{outcome.sla_name}: {outcome.engine_version}, {len(r.records)} requests "
-      f"in {r.duration_s:.1f} s, engine start {outcome.startup_s:.0f} s\n\n")
+    w(
+        f"\n{outcome.sla_name}: {outcome.engine_version}, {len(r.records)} requests "
+        f"in {r.duration_s:.1f} s, engine start {outcome.startup_s:.0f} s\n\n"
+    )
     w(f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}\n")
     for metric in ("ttft", "tpot", "itl", "e2e"):
         cells = [m.get(f"{k}_{metric}_ms") for k in ("mean", "p50", "p90", "p99")]
@@ -248,9 +258,11 @@ def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
     w(f"{'peak engine memory':<22}{_fmt(mem, 2)} GiB ({source})\n")
     if engine:
         kv = engine.get("peak_kv_cache_usage")
-        w(f"{'engine':<22}preemptions {_fmt(engine.get('preemptions'), 0)}, "
-          f"peak KV cache {_fmt(kv * 100 if kv is not None else None)}%, "
-          f"peak waiting {_fmt(engine.get('peak_waiting'), 0)}\n")
+        w(
+            f"{'engine':<22}preemptions {_fmt(engine.get('preemptions'), 0)}, "
+            f"peak KV cache {_fmt(kv * 100 if kv is not None else None)}%, "
+            f"peak waiting {_fmt(engine.get('peak_waiting'), 0)}\n"
+        )
     w("\nSLA\n")
     for v in outcome.evaluation.verdicts:
         op = "<=" if v.bound == "max" else ">="
@@ -337,6 +349,8 @@ def main_bench(
         print(json.dumps(outcome.to_dict(with_records=False), indent=2))
     else:
         print_report(outcome)
-        print(f"full result: {output or run_dir / 'result.json'} "
-              f"({time.monotonic() - started:.0f} s in all)")
+        print(
+            f"full result: {output or run_dir / 'result.json'} "
+            f"({time.monotonic() - started:.0f} s in all)"
+        )
     return 0 if outcome.evaluation.feasible else 1

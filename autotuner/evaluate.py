@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from autotuner.loadgen import LoadResult, RequestRecord
-from autotuner.sla import Sla
+from autotuner.sla import Constraint, Sla
 
 _LATENCY = re.compile(r"^(p(?P<q>\d+(?:\.\d+)?)|mean)_(?P<m>ttft|tpot|itl|e2e)_ms$")
 TABLE_PERCENTILES = (50.0, 90.0, 99.0)
@@ -149,7 +149,7 @@ def evaluate(result: LoadResult, sla: Sla) -> Evaluation:
     return Evaluation(metrics, tuple(verdicts), objectives)
 
 
-def _margin(c: Any, value: float | None) -> float:
+def _margin(c: Constraint, value: float | None) -> float:
     if value is None:
         return math.inf
     if c.bound == "max":

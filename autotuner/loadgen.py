@@ -10,6 +10,7 @@ stay in the result and count against the SLA.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -150,9 +151,7 @@ class LoadResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoadResult:
-        records = tuple(
-            RequestRecord(**{**r, "itl_s": tuple(r["itl_s"])}) for r in data["records"]
-        )
+        records = tuple(RequestRecord(**{**r, "itl_s": tuple(r["itl_s"])}) for r in data["records"])
         return cls(
             plan=data["plan"],
             records=records,
@@ -207,7 +206,7 @@ class _Run:
         """Send one request and record it; also records it when cancelled at the deadline."""
         start = time.perf_counter()
         self.sent += 1
-        base = {
+        base: dict[str, Any] = {
             "index": index,
             "sent_s": start - self.t0,
             "lag_s": max(0.0, start - self.t0 - scheduled),
@@ -219,7 +218,7 @@ class _Run:
         except asyncio.CancelledError:
             self._add(RequestRecord(**base, error="deadline", detail="cut at the hard deadline"))
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             record = RequestRecord(**base, error="timeout", detail="request time-out")
         except _HttpError as exc:
             record = RequestRecord(**base, error=f"http_{exc.status}", detail=exc.detail)
@@ -251,7 +250,7 @@ class _Run:
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 raise _HttpError(resp.status, text)
-            async for raw in _lines(resp, lambda: chunks):
+            async for raw in _body_lines(resp):
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
@@ -287,13 +286,13 @@ class _Run:
         }
 
 
-async def _lines(resp: aiohttp.ClientResponse, chunks: Callable[[], int]) -> AsyncIterator[bytes]:
+async def _body_lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """The body's lines; a connection lost after the headers makes the request incomplete."""
     try:
         async for raw in resp.content:
             yield raw
     except aiohttp.ClientError as exc:
-        raise _Incomplete(f"connection lost after {chunks()} chunks: {exc!r}"[:300]) from None
+        raise _Incomplete(f"connection lost mid-stream: {exc!r}"[:300]) from None
 
 
 class _HttpError(Exception):
@@ -327,8 +326,12 @@ async def run_load(
     *,
     progress: ProgressFn | None = None,
     progress_every_s: float = 2.0,
+    around: contextlib.AbstractAsyncContextManager[Any] | None = None,
 ) -> LoadResult:
     """Run ``plan`` against the server at ``base_url`` and return every request's record.
+
+    ``around`` (e.g. a :class:`~autotuner.monitor.Monitor`) is entered after the warm-up and
+    left when the measured part ends, so what it observes matches the records.
 
     Returns at the latest ``plan.hard_deadline()`` seconds after the measured part starts
     (plus the warm-up): requests still open then are cancelled and recorded as ``deadline``.
@@ -336,15 +339,16 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
         warmup_failed = await _warmup(session, base_url, model, plan)
-        run = _Run(base_url, model, plan.api, plan.request_timeout_s)
-        ticker = asyncio.create_task(_tick(run, plan, progress, progress_every_s))
-        try:
-            if plan.arrival.open_loop:
-                await _open_loop(run, session, plan)
-            else:
-                await _closed_loop(run, session, plan)
-        finally:
-            ticker.cancel()
+        async with around or contextlib.nullcontext():
+            run = _Run(base_url, model, plan.api, plan.request_timeout_s)
+            ticker = asyncio.create_task(_tick(run, plan, progress, progress_every_s))
+            try:
+                if plan.arrival.open_loop:
+                    await _open_loop(run, session, plan)
+                else:
+                    await _closed_loop(run, session, plan)
+            finally:
+                ticker.cancel()
         if progress:
             progress(_progress(run, plan))
     records = tuple(sorted(run.records, key=lambda r: r.index))
@@ -353,9 +357,7 @@ async def run_load(
     )
 
 
-async def _warmup(
-    session: aiohttp.ClientSession, base_url: str, model: str, plan: LoadPlan
-) -> int:
+async def _warmup(session: aiohttp.ClientSession, base_url: str, model: str, plan: LoadPlan) -> int:
     if plan.warmup_requests <= 0:
         return 0
     run = _Run(base_url, model, plan.api, plan.request_timeout_s)

@@ -163,7 +163,7 @@ class Monitor:
                 if resp.status != 200:
                     return {}
                 return parse_metrics(await resp.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return {}
 
     def _sample_memory(self) -> None:

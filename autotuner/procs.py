@@ -6,6 +6,8 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -23,6 +25,17 @@ def set_parent_death_signal() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def start_guard(pgid: int) -> subprocess.Popen[bytes]:
+    """Start :mod:`autotuner.guard` to reap group ``pgid`` if this process dies first."""
+    me = psutil.Process()
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotuner.guard", str(me.pid), repr(me.create_time()), str(pgid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def tree(pid: int) -> list[psutil.Process]:

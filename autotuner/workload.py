@@ -97,12 +97,88 @@ class PromptSource:
         return " ".join(_GENERIC_WORDS[i] for i in picks), None
 
 
-_GENERIC_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at "
-    "which but have an they you were her she there one all we their been has when who will "
-    "more no if out so said what up its about into than them can only other new some could "
-    "time these two may then do first any my now such like our over man me even most made"
-).split()
+_GENERIC_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "one",
+    "all",
+    "we",
+    "their",
+    "been",
+    "has",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "if",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "into",
+    "than",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "do",
+    "first",
+    "any",
+    "my",
+    "now",
+    "such",
+    "like",
+    "our",
+    "over",
+    "man",
+    "me",
+    "even",
+    "most",
+    "made",
+]
 
 
 @dataclass(frozen=True)
@@ -131,7 +207,9 @@ class RequestFactory:
         out = self.output_len.sample(rng)
         if self.api == "chat":
             text, exact = self.source.text(n_in, rng)
-            return RequestSpec(out, messages=[{"role": "user", "content": text}], input_tokens=exact)
+            return RequestSpec(
+                out, messages=[{"role": "user", "content": text}], input_tokens=exact
+            )
         return RequestSpec(out, prompt=self.source.token_ids(n_in, rng), input_tokens=n_in)
 
 

@@ -8,12 +8,12 @@ list in their own process group, bound to 127.0.0.1 on a port the tuner picked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
 
-class LaunchCause(str, Enum):
+class LaunchCause(StrEnum):
     """Why an engine failed to come up, as read from its log."""
 
     UNKNOWN_FLAG = "unknown_flag"

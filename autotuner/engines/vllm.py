@@ -143,6 +143,7 @@ class VllmEngine:
         self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
         self._tree: list[psutil.Process] = []
+        self._guard: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
         return [
@@ -194,8 +195,9 @@ class VllmEngine:
                 stderr=subprocess.STDOUT,
                 env=self.child_env(),
                 start_new_session=True,
-                preexec_fn=procs.set_parent_death_signal,  # noqa: PLW1509 - no threads yet
+                preexec_fn=procs.set_parent_death_signal,
             )
+        self._guard = procs.start_guard(self._proc.pid)
         base_url = f"http://127.0.0.1:{self.port}"
         try:
             await self._wait_healthy(base_url, started)
@@ -236,7 +238,7 @@ class VllmEngine:
                     async with session.get(base_url + "/health") as resp:
                         if resp.status == 200:
                             return
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 await asyncio.sleep(0.5)
 
@@ -260,6 +262,9 @@ class VllmEngine:
         self._remember_tree()
         procs.kill_group(self._proc.pid, self._tree)
         self._proc.wait(timeout=10)
+        if self._guard is not None:
+            self._guard.terminate()
+            self._guard.wait(timeout=10)
 
     async def stop(self) -> None:
         if self._proc is None:

