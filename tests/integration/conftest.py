@@ -11,7 +11,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from autotuner import envs, synth
 
@@ -96,40 +96,40 @@ SlaWriter = Callable[..., Path]
 
 @pytest.fixture
 def write_sla(tmp_path: Path) -> SlaWriter:
-    """Write a quick-start-like SLA with the given constraints (YAML snippet) and workload."""
+    """Write a quick-start-like SLA file with the given constraints and workload size."""
 
     def write(
-        constraints: str,
+        constraints: dict[str, float],
         *,
         requests: int = 16,
         rate: float = 4.0,
-        extra_params: str = "",
+        params: dict[str, object] | None = None,
         name: str = "it",
     ) -> Path:
-        text = textwrap.dedent(
-            f"""\
-            name: {name}
-            model: {{synth: tiny-llama}}
-            engine:
-              params:
-                enforce_eager: true
-                gpu_memory_utilization: 0.3
-                max_model_len: 512
-            {textwrap.indent(extra_params, "    ").rstrip()}
-            target: cpu
-            workload:
-              input_tokens: 64
-              output_tokens: 16
-              arrival: {{process: poisson, rate: {rate}}}
-              requests: {requests}
-              warmup_requests: 2
-              seed: 1
-            constraints:
-            {textwrap.indent(constraints, "  ").rstrip()}
-            """
-        )
+        sla = {
+            "name": name,
+            "model": {"synth": "tiny-llama"},
+            "engine": {
+                "params": {
+                    "enforce_eager": True,
+                    "gpu_memory_utilization": 0.3,
+                    "max_model_len": 512,
+                    **(params or {}),
+                }
+            },
+            "target": "cpu",
+            "workload": {
+                "input_tokens": 64,
+                "output_tokens": 16,
+                "arrival": {"process": "poisson", "rate": rate},
+                "requests": requests,
+                "warmup_requests": 2,
+                "seed": 1,
+            },
+            "constraints": constraints,
+        }
         path = tmp_path / f"{name}.yaml"
-        path.write_text(text)
+        path.write_text(yaml.safe_dump(sla, sort_keys=False))
         return path
 
     return write

@@ -35,7 +35,12 @@ def test_bench_meets_a_loose_sla(
     write_sla: SlaWriter, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     sla = write_sla(
-        "p99_ttft_ms: 60000\np99_tpot_ms: 10000\nmax_error_rate: 0.0\nmin_request_rate: 0.2",
+        {
+            "p99_ttft_ms": 60000,
+            "p99_tpot_ms": 10000,
+            "max_error_rate": 0.0,
+            "min_request_rate": 0.2,
+        },
         requests=16,
     )
     out = tmp_path / "result.json"
@@ -70,7 +75,7 @@ def test_bench_meets_a_loose_sla(
 def test_bench_fails_a_tight_sla_with_the_right_verdicts(
     write_sla: SlaWriter, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    sla = write_sla("p99_ttft_ms: 0.01\nmax_error_rate: 0.0", requests=8)
+    sla = write_sla({"p99_ttft_ms": 0.01, "max_error_rate": 0.0}, requests=8)
     out = tmp_path / "result.json"
     r = run_cli(["bench", str(sla), "-o", str(out), "--trials-dir", str(tmp_path / "t")], cli_env)
     assert r.returncode == 1, r.stderr[-4000:]
@@ -84,7 +89,7 @@ def test_bench_fails_a_tight_sla_with_the_right_verdicts(
 def test_invalid_engine_flag_is_classified_quickly(
     write_sla: SlaWriter, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    sla = write_sla("max_error_rate: 0.0")
+    sla = write_sla({"max_error_rate": 0.0})
     started = time.monotonic()
     r = run_cli(
         ["bench", str(sla), "--set", "no_such_option=1", "--trials-dir", str(tmp_path / "t")],
@@ -102,7 +107,7 @@ def test_invalid_engine_flag_is_classified_quickly(
 def test_tuner_killed_mid_run_leaves_no_engine(
     sig: signal.Signals, write_sla: SlaWriter, cli_env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
-    sla = write_sla("max_error_rate: 0.0", requests=200, rate=2.0)
+    sla = write_sla({"max_error_rate": 0.0}, requests=200, rate=2.0)
     proc = subprocess.Popen(
         [sys.executable, "-m", "autotuner", "bench", str(sla), "--trials-dir", str(tmp_path)],
         env=cli_env,
@@ -131,7 +136,7 @@ def test_tuner_killed_mid_run_leaves_no_engine(
 def test_engine_killed_mid_load_gives_counted_failures(
     vllm_python: Path, tiny_model: Path, write_sla: SlaWriter, tag: str, tmp_path: Path
 ) -> None:
-    sla = load_sla(write_sla("max_error_rate: 0.0"))
+    sla = load_sla(write_sla({"max_error_rate": 0.0}))
     engine = VllmEngine(
         python=vllm_python,
         model=tiny_model,
