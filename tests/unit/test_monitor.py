@@ -1,0 +1,75 @@
+"""The monitor: engine metrics (Prometheus text) and memory sampling, against the stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psutil
+import pytest
+
+from autotuner.loadgen import LoadPlan, run_load
+from autotuner.monitor import Monitor, engine_summary, parse_metrics
+from autotuner.testing.standin import StandinConfig, StandinServer
+from autotuner.workload import Arrival, LengthDist, PromptSource, RequestFactory
+
+TEXT = """
+# HELP vllm:num_preemptions_total Preemptions.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{model_name="m",engine="0"} 3.0
+vllm:num_preemptions_total{model_name="m",engine="1"} 2.0
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{le="+Inf",model_name="m"} 4.0
+vllm:request_queue_time_seconds_count{model_name="m"} 4.0
+vllm:request_queue_time_seconds_sum{model_name="m"} 2.0
+"""
+
+
+def test_parse_sums_label_sets() -> None:
+    s = parse_metrics(TEXT)
+    assert s["vllm:num_preemptions_total"] == 5.0
+    assert s["vllm:request_queue_time_seconds_count"] == 4.0
+
+
+def test_summary_is_deltas_and_means() -> None:
+    before = {
+        "vllm:num_preemptions_total": 1.0,
+        "vllm:request_queue_time_seconds_count": 2.0,
+        "vllm:request_queue_time_seconds_sum": 0.5,
+    }
+    after = parse_metrics(TEXT)
+    out = engine_summary(before, after, {"kv_cache_usage": 0.4})
+    assert out["preemptions"] == 4.0
+    assert out["mean_queue_ms"] == pytest.approx(1000 * 1.5 / 2)
+    assert out["peak_kv_cache_usage"] == 0.4
+
+
+def test_monitor_sees_the_run_and_the_memory() -> None:
+    cfg = StandinConfig(itl_s=0.02, max_concurrency=2)
+    plan = LoadPlan(
+        api="completions",
+        factory=RequestFactory(
+            "completions", PromptSource(100), LengthDist.fixed(8), LengthDist.fixed(30), 0
+        ),
+        arrival=Arrival("constant", rate=20.0),
+        requests=10,
+        duration_s=None,
+        warmup_requests=2,
+    )
+
+    async def go() -> Monitor:
+        async with StandinServer(cfg) as server:
+            me = psutil.Process()
+            monitor = Monitor(server.base_url, lambda: [me], None, interval_s=0.05)
+            await run_load(server.base_url, cfg.model, plan, around=monitor)
+        return monitor
+
+    monitor = asyncio.run(go())
+    summary = monitor.summary()
+    engine = summary["engine"]
+    # Counters cover the measured part only: the 2 warm-up requests came before "before".
+    assert engine["generation_tokens"] == 10 * 30
+    assert engine["prompt_tokens"] == 10 * 8
+    assert engine["peak_running"] == 2
+    assert engine["peak_waiting"] >= 1
+    assert summary["memory_source"] == "rss"
+    assert summary["peak_memory_bytes"] >= psutil.Process().memory_info().rss // 2
