@@ -59,7 +59,8 @@ __all__ = [
 GIB = 1 << 30
 
 CUDA_RESERVED_BYTES = int(0.6 * GIB)
-"""NVML's memory total minus what ``cudaMemGetInfo`` reports (H100: 0.55, H200: 0.6 GiB)."""
+"""NVML's memory total minus what ``cudaMemGetInfo`` reports. Measured on an H200 (driver
+580): 150,754,820,096 - 150,109,880,320 bytes = 0.6006 GiB (H100: ~0.55 GiB)."""
 GPU_RUNTIME_BYTES = int(0.35 * GIB)
 """Non-torch GPU memory vLLM counts against the budget (CUDA context, workspaces, slack)."""
 CUDA_GRAPH_BYTES = int(0.25 * GIB)
