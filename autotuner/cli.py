@@ -35,6 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--trials-dir", default="trials", help="where run logs go (default: trials)")
     b.add_argument("--json", action="store_true", help="print the result as JSON, not a table")
 
+    t = sub.add_parser("tune", help="search, confirm and promote the best config for an SLA")
+    t.add_argument("sla", help="SLA file (YAML)")
+    t.add_argument("--trials-dir", default="trials", help="studies live here (default: trials)")
+    t.add_argument("--trials", type=int, help="launch budget (default: the SLA's tune.trials)")
+
+    r = sub.add_parser("report", help="show a study: trials, Pareto front, promoted config")
+    r.add_argument("study", help="study directory, SLA file, or study name")
+    r.add_argument("--trials-dir", default="trials")
+
     c = sub.add_parser("check", help="validate SLA files without running anything")
     c.add_argument("files", nargs="+")
 
@@ -75,6 +84,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from autotuner.bench import main_bench
 
         return main_bench(args.sla, args.output, args.sets, args.trials_dir, args.json)
+    if args.command == "tune":
+        from autotuner.tune import main_tune
+
+        return main_tune(args.sla, args.trials_dir, args.trials)
+    if args.command == "report":
+        from autotuner.summary import main_report
+
+        return main_report(args.study, args.trials_dir)
     if args.command == "check":
         from autotuner.sla import check_main
 

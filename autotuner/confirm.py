@@ -1,14 +1,21 @@
 """Noise-aware confirmation: is the winner really better than the baseline?
 
 The top candidates and the baseline are re-launched in interleaved order (A B C, B C A, ...),
-several replicates each, all at one common load: the highest load the top candidate sustained
-during the search. The statistic is goodput at that load (requests per second that met every
-per-request SLO). A candidate is promoted only when it met the SLA in every replicate and its
-mean goodput beats the baseline's by more than the larger of the minimum effect and the
-run-to-run noise measured here: the relative range (max-min over mean) of the candidate's
-replicates plus that of the baseline's. Conservative on purpose: an A/A comparison (one config
-measured twice) must not promote. Otherwise the baseline stays, and the decision says why,
-with the numbers.
+several replicates each, all at one common load (chosen by the caller: between the baseline's
+and the candidate's highest sustained load). A candidate must meet the SLA in every replicate,
+and then win in one of two ways:
+
+- goodput: its mean goodput (requests per second meeting every per-request SLO) beats the
+  baseline's by more than the larger of the minimum effect and the run-to-run noise measured
+  here (the relative range, max-min over mean, of its replicates plus the baseline's); or
+- the SLA itself (with at least 3 replicates): the baseline missed the SLA in most of them,
+  and the candidate's mean slack (minus the worst constraint margin: how far inside every
+  limit it stayed) exceeds the baseline's by more than the two configs' slack ranges added.
+  With 2 replicates a range says too little about the noise (an A/A test promoted 4% of the
+  time in simulation), so this path needs 3 (0.4%).
+
+Both tests are conservative on purpose: an A/A comparison (one config measured twice) must not
+promote. Otherwise the baseline stays, and the decision says why, with the numbers.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ class Replicate:
     feasible: bool
     metrics: dict[str, float | None]
     run_dir: str
+    slack: float | None = None  # -(worst constraint margin); > 0 means inside every limit
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,11 @@ def decide(reps: Sequence[Replicate], candidates: Sequence[str], min_effect: flo
     stats: dict[str, dict[str, Any]] = {}
     for name, rs in by.items():
         goods = [r.goodput or 0.0 for r in rs]
+        slacks = [r.slack for r in rs if r.slack is not None]
         stats[name] = {
             "replicates": len(rs),
+            "slack_mean": mean(slacks) if slacks else None,
+            "slack_range": (max(slacks) - min(slacks)) if slacks else None,
             "goodput_mean": mean(goods),
             "goodput_min": min(goods),
             "goodput_max": max(goods),
@@ -97,10 +108,11 @@ def decide(reps: Sequence[Replicate], candidates: Sequence[str], min_effect: flo
             continue
         effect = _effect(s["goodput_mean"], base["goodput_mean"])
         threshold = max(min_effect, s["goodput_spread"] + base["goodput_spread"])
-        if effect <= threshold:
+        if effect <= threshold and not _wins_on_sla(s, base):
             notes.append(
-                f"{c} beat the baseline by {effect:+.1%}, not more than the "
-                f"threshold {threshold:.1%}"
+                f"{c} beat the baseline by {effect:+.1%} goodput, not more than the "
+                f"threshold {threshold:.1%}, and did not stay clearly further inside the "
+                "SLA's limits than a baseline that missed them"
             )
             continue
         if best is None or effect > best[0]:
@@ -109,12 +121,34 @@ def decide(reps: Sequence[Replicate], candidates: Sequence[str], min_effect: flo
         reason = "kept the baseline: " + ("; ".join(notes) or "no candidate to confirm")
         return Decision("baseline", True, None, threshold, noise, reason, stats)
     effect, name, threshold = best
-    reason = (
-        f"{name} beat the baseline by {effect:+.1%} mean goodput, above the threshold "
-        f"{threshold:.1%} (the larger of the minimum effect {min_effect:.0%} and the "
-        "replicates' spread), and met the SLA in every replicate"
-    )
+    s = stats[name]
+    if effect > threshold:
+        reason = (
+            f"{name} beat the baseline by {effect:+.1%} mean goodput, above the threshold "
+            f"{threshold:.1%} (the larger of the minimum effect {min_effect:.0%} and the "
+            "replicates' spread), and met the SLA in every replicate"
+        )
+    else:
+        reason = (
+            f"{name} met the SLA in all {s['replicates']} replicates while the baseline missed "
+            f"it in {base['replicates'] - base['feasible_count']} of {base['replicates']}; its "
+            f"mean slack {s['slack_mean']:+.1%} vs the baseline's {base['slack_mean']:+.1%} "
+            "differs by more than their ranges added"
+        )
     return Decision(name, False, effect, threshold, noise, reason, stats)
+
+
+def _wins_on_sla(cand: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Candidate inside the SLA every time, baseline mostly outside, gap beyond the noise."""
+    if cand["slack_mean"] is None or base["slack_mean"] is None:
+        return False
+    base_missed = base["replicates"] - base["feasible_count"]
+    if min(cand["replicates"], base["replicates"]) < 3:
+        return False
+    if not cand["feasible_all"] or 2 * base_missed <= base["replicates"]:
+        return False
+    gap = cand["slack_mean"] - base["slack_mean"]
+    return bool(gap > cand["slack_range"] + base["slack_range"])
 
 
 def _effect(cand: float, base: float) -> float:

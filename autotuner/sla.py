@@ -41,6 +41,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from autotuner.space import SearchSpec
 from autotuner.yamlpos import KeyPath, Located, load_located
 
 # --------------------------------------------------------------------------- metric names
@@ -653,6 +654,30 @@ def _checked_metric(metric: Any, at: str) -> str:
     return canonical
 
 
+# --------------------------------------------------------------------------- tuning
+
+
+class ConfirmSpec(_Strict):
+    """How the winner is confirmed against the baseline before it is promoted."""
+
+    candidates: int = Field(default=1, ge=1, le=5)  # top Pareto points re-measured
+    replicates: int = Field(default=3, ge=1, le=10)  # launches per config, interleaved
+    min_effect: float = Field(default=0.05, ge=0, le=1)  # relative goodput win required
+
+
+class TuneSpec(_Strict):
+    """Budget and strategy of ``autotuner tune``."""
+
+    trials: int = Field(default=12, ge=1)  # engine launches, baseline included
+    time_budget_s: float | None = Field(default=None, gt=0)
+    sampler: Literal["auto", "tpe", "gp", "nsga2", "random"] = "auto"
+    seed: int = 0
+    max_levels: int = Field(default=4, ge=1, le=12)  # load levels measured per launch
+    rate_step: float = Field(default=1.5, gt=1, le=4)  # load factor between levels
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    storage: str | None = None  # SQLAlchemy URL; default: SQLite in the study directory
+
+
 # --------------------------------------------------------------------------- the SLA
 
 
@@ -674,6 +699,8 @@ class Sla(_Strict):
     workload: Workload
     constraints: list[Constraint] = Field(default_factory=list)
     objectives: list[Objective] = Field(default_factory=_default_objectives)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    tune: TuneSpec = Field(default_factory=TuneSpec)
 
     _source_path: Path | None = PrivateAttr(default=None)
     _base_dir: Path | None = PrivateAttr(default=None)
@@ -688,7 +715,7 @@ class Sla(_Strict):
             )
         return v
 
-    @field_validator("engine", "target", "objectives", mode="before")
+    @field_validator("engine", "target", "objectives", "search", "tune", mode="before")
     @classmethod
     def _empty_section(cls, v: Any, info: ValidationInfo) -> Any:
         # `engine:` with every line below commented out is YAML null: read it as "defaults".
@@ -1050,6 +1077,8 @@ def to_yaml(sla: Sla) -> str:
         "workload": sla.workload.model_dump(exclude_none=True),
         "constraints": {c.key: c.limit for c in sla.constraints},
         "objectives": [{o.direction: o.metric} for o in sla.objectives],
+        "search": sla.search.model_dump(exclude_defaults=True),
+        "tune": sla.tune.model_dump(exclude_defaults=True),
     }
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)
 

@@ -48,6 +48,7 @@ class SearchSettings:
     max_levels: int = 4
     step: float = 1.5  # rate (or concurrency) factor between levels before bisecting
     min_gap: float = 0.1  # stop bisecting when levels are closer than this (relative)
+    start_load: float | None = None  # first level's rate/concurrency; None: the SLA's own
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,9 @@ async def _measure_levels(
     say: Say,
 ) -> tuple[list[Level], str | None]:
     base = arrival_of(sla)
-    load: float | None = base.rate if base.open_loop else float(base.concurrency or 1)
+    load: float | None = settings.start_load
+    if load is None:
+        load = base.rate if base.open_loop else float(base.concurrency or 1)
     ok: float | None = None
     bad: float | None = None
     levels: list[Level] = []
@@ -195,7 +198,7 @@ async def _measure_levels(
             f"{goodput if goodput is None else f'{goodput:.2f}'} req/s"
         )
         if i == 0 and not ev.feasible:
-            stop_reason = f"misses the SLA at its own load ({_missed(ev)})"
+            stop_reason = f"misses the SLA at {_arrival(base, load).describe()} ({_missed(ev)})"
             break
         if ev.feasible:
             ok = load if ok is None or load > ok else ok

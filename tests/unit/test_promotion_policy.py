@@ -105,3 +105,43 @@ def test_a_a_comparison_does_not_promote() -> None:
 def test_spread() -> None:
     assert spread([10.0]) == 0.0
     assert spread([9.0, 11.0]) == pytest.approx(0.2)
+
+
+def slack_reps(name: str, slacks: list[float], feasible: list[bool]) -> list[Replicate]:
+    return [
+        Replicate(name, i, 5.0, f, {}, "", slack=s)
+        for i, (s, f) in enumerate(zip(slacks, feasible, strict=True))
+    ]
+
+
+def test_win_on_the_sla_itself() -> None:
+    # Same goodput, but the baseline misses the SLA at this load and the candidate stays inside.
+    r = slack_reps("baseline", [-0.2, -0.1, -0.15], [False] * 3) + slack_reps(
+        "trial-4", [0.4, 0.5, 0.45], [True] * 3
+    )
+    d = decide(r, ["trial-4"], 0.05)
+    assert d.promoted == "trial-4"
+    assert "missed it in 3 of 3" in d.reason
+    # The same with two replicates each is not enough evidence.
+    two = [x for x in r if x.replicate < 2]
+    assert decide(two, ["trial-4"], 0.05).promoted_is_baseline
+
+
+def test_no_sla_win_when_the_baseline_mostly_met_it() -> None:
+    r = slack_reps("baseline", [0.1, -0.05, 0.1], [True, False, True]) + slack_reps(
+        "trial-4", [0.4, 0.5, 0.45], [True, True, True]
+    )
+    assert decide(r, ["trial-4"], 0.05).promoted_is_baseline
+
+
+def test_a_a_on_slack_near_the_edge_does_not_promote() -> None:
+    # One config at its own edge: slack ~ N(0, 0.1), feasible when slack >= 0.
+    rng = np.random.default_rng(1)
+    promoted = 0
+    for _ in range(2000):
+        s = rng.normal(0.0, 0.1, size=6)
+        r = slack_reps("baseline", list(s[:3]), list(s[:3] >= 0)) + slack_reps(
+            "trial-1", list(s[3:]), list(s[3:] >= 0)
+        )
+        promoted += not decide(r, ["trial-1"], 0.05).promoted_is_baseline
+    assert promoted / 2000 < 0.01

@@ -70,7 +70,8 @@ def test_quickstart_contents() -> None:
     assert sla.target.kind == "cpu"
     assert isinstance(sla.workload.arrival, PoissonArrival)
     assert sla.workload.arrival.rate == 2.0
-    assert sla.latency_slos() == {"ttft": 2000.0, "tpot": 250.0}
+    assert sla.latency_slos() == {"ttft": 500.0, "tpot": 100.0}
+    assert sla.tune.trials >= 4 and sla.tune.confirm.replicates == 3
 
 
 def test_h200_contents() -> None:

@@ -1,0 +1,199 @@
+"""`autotuner tune`: a real study on real engines, ending with a promoted bundle.
+
+Wires the parts: model and engine environment, hardware probe, version-specific search space,
+Optuna study (resumable), pruning (rules, memory model, earlier crashes), one launch per trial
+with several load levels, then confirmation and promotion. Re-running the same command resumes
+the study where it stopped: finished trials are never repeated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotuner import envs, hardware, rules
+from autotuner.bench import resolve_model
+from autotuner.engines.vllm import ParamValue
+from autotuner.paths import atomic_write_text
+from autotuner.promote import Context, promote
+from autotuner.sla import Sla, SlaError, load_sla, to_yaml
+from autotuner.space import SearchSpace, SpaceError, load_space_for
+from autotuner.study import (
+    Budget,
+    StudyMismatch,
+    StudyRunner,
+    fail_stale,
+    make_sampler,
+    open_study,
+    storage_url,
+)
+from autotuner.trial import SearchSettings, TrialResult, run_trial
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _identity(
+    sla: Sla, engine: str, space: SearchSpace, model_dir: Path, hw: Any
+) -> dict[str, str]:
+    """What must not change within one study, or its trials stop being comparable."""
+    workload = json.dumps(sla.workload.model_dump(mode="json"), sort_keys=True)
+    return {
+        "engine": engine,
+        "space": space.hash()[:16],
+        "model": hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()[:16],
+        "target": f"{sla.target.kind}:{','.join(sla.target.devices)}",
+        "workload": hashlib.sha256(workload.encode()).hexdigest()[:16],
+        "constraints": json.dumps({c.key: c.limit for c in sla.constraints}, sort_keys=True),
+    }
+
+
+def _crash_memory(study: optuna.Study, space: SearchSpace) -> rules.CrashMemory:
+    """Rebuild what earlier launches taught: configs that crashed, with their cause."""
+    defaults = {k: v for k, v in space.defaults.items() if v is not None}
+    memory = rules.CrashMemory(defaults={**defaults, **space.fixed})
+    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        cause = t.user_attrs.get("cause")
+        if cause:
+            memory.record(t.user_attrs.get("params_full", {}), cause, label=f"trial {t.number}")
+    return memory
+
+
+def tune(sla: Sla, *, trials_dir: Path, budget_trials: int | None = None) -> dict[str, Any]:
+    """Run (or resume) the study of ``sla`` and promote. Returns the manifest."""
+    model_dir = resolve_model(sla, _say)
+    python, how = envs.resolve_python(sla.engine.name, sla.engine.python)
+    dist, version = envs.probe_version(python)
+    engine = f"{dist} {version}"
+    hw = hardware.probe(sla.target)
+    space = load_space_for(
+        "vllm",
+        version,
+        hw,
+        allow_lossy=sla.search.allow_lossy,
+        overrides=sla.search.params,
+        engine_params=sla.engine.params,
+    )
+    study_dir = trials_dir / sla.name
+    url = storage_url(study_dir, sla.tune.storage)
+    budget = Budget(budget_trials or sla.tune.trials, sla.tune.time_budget_s)
+    _say(f"study {sla.name} in {study_dir} ({url.split('://')[0]} storage)")
+    _say(f"engine: {engine} ({how})")
+    _say(hw.summary())
+    for line in space.describe():
+        _say(f"  {line}")
+    sampler = make_sampler(sla.tune.sampler, budget.trials, len(sla.objectives), sla.tune.seed)
+    study = open_study(sla, url, sampler, _identity(sla, engine, space, model_dir, hw))
+    atomic_write_text(study_dir / "sla.yaml", to_yaml(sla))
+    fail_stale(study, _say)
+    memory = _crash_memory(study, space)
+    model_cfg = json.loads((model_dir / "config.json").read_text())
+    cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
+    settings = SearchSettings(max_levels=sla.tune.max_levels, step=sla.tune.rate_step)
+
+    def prune(params: dict[str, ParamValue]) -> str | None:
+        reasons = rules.check(
+            params, model_cfg=model_cfg, hardware=hw, max_model_len=None, env=sla.engine.env
+        )
+        return "; ".join(reasons) if reasons else memory.near_crash(params)
+
+    def run(params: Mapping[str, ParamValue], trial_dir: Path) -> TrialResult:
+        return run_trial(
+            params,
+            sla,
+            python=python,
+            model_dir=model_dir,
+            run_dir=trial_dir,
+            cuda_devices=cuda,
+            settings=settings,
+            say=_say,
+        )
+
+    def suggest(trial: optuna.Trial) -> dict[str, ParamValue]:
+        return dict(space.suggest(trial))
+
+    def crashed(params: dict[str, ParamValue], cause: str) -> None:
+        memory.record(params, cause)
+
+    runner = StudyRunner(
+        sla,
+        study,
+        study_dir,
+        suggest=suggest,
+        fixed=space.fixed,
+        prune=prune,
+        run=run,
+        budget=budget,
+        on_crash=crashed,
+        say=_say,
+    )
+    started = time.monotonic()
+    runner.loop()
+    _say(
+        f"search done: {runner.spent()} launches counted ({time.monotonic() - started:.0f} s "
+        "this run)"
+    )
+
+    def confirm_run(params: Mapping[str, ParamValue], run_dir: Path, load: float) -> TrialResult:
+        one = SearchSettings(max_levels=1, start_load=load)
+        return run_trial(
+            params,
+            sla,
+            python=python,
+            model_dir=model_dir,
+            run_dir=run_dir,
+            cuda_devices=cuda,
+            settings=one,
+            say=_say,
+        )
+
+    ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
+    return promote(ctx, confirm_run, _say)
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    # Turn SIGTERM into the same path as Ctrl-C: engines are stopped in `finally` blocks.
+    raise KeyboardInterrupt
+
+
+def main_tune(sla_path: str, trials_dir: str, trials: int | None) -> int:
+    """CLI handler. 0: promoted; 1: nothing met the SLA; 2: bad input; 130: interrupted."""
+    try:
+        sla = load_sla(sla_path)
+    except SlaError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        manifest = tune(sla, trials_dir=Path(trials_dir), budget_trials=trials)
+    except (
+        StudyMismatch,
+        SpaceError,
+        envs.EngineEnvError,
+        hardware.HardwareError,
+        FileNotFoundError,
+    ) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: engines stopped; run the same command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if manifest.get("promoted") is None:
+        return 1
+    bundle = Path(trials_dir) / sla.name / "promoted"
+    print(f"bundle: {bundle}")
+    return 0
