@@ -125,7 +125,7 @@ def fail_stale(study: optuna.Study, say: Say) -> list[int]:
         storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if t.user_attrs.get(ROLE) != "baseline" and t.params:
-            study.enqueue_trial(t.params, user_attrs={REQUEUED: t.number}, skip_if_exists=True)
+            study.enqueue_trial(t.params, user_attrs={REQUEUED: t.number})
         say(f"trial {t.number} was interrupted: failed, and its config queued again")
     return [t.number for t in stale]
 
