@@ -39,6 +39,8 @@ from autotuner.study import (
 )
 from autotuner.trial import SearchSettings, TrialResult, run_trial
 
+VLLM_DEFAULT_GMU = 0.92  # vLLM's default gpu_memory_utilization
+
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
@@ -68,6 +70,28 @@ def _crash_memory(study: optuna.Study, space: SearchSpace) -> rules.CrashMemory:
         if cause:
             memory.record(t.user_attrs.get("params_full", {}), cause, label=f"trial {t.number}")
     return memory
+
+
+def memory_limit_reason(
+    params: Mapping[str, ParamValue], hw: hardware.HardwareProfile, limit_gib: float | None
+) -> str | None:
+    """The SLA's memory limit as a hard constraint before launch: a GPU engine takes
+    ``gpu_memory_utilization`` of each of its GPUs up front, so that fraction decides."""
+    if limit_gib is None or hw.device != "gpu":
+        return None
+    gmu = params.get("gpu_memory_utilization")
+    fraction = float(gmu) if isinstance(gmu, int | float) else VLLM_DEFAULT_GMU
+    ranks = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = params.get(key)
+        ranks *= int(value) if isinstance(value, int) else 1
+    need = fraction * hw.device_memory_total * ranks / 2**30
+    if need > limit_gib:
+        return (
+            f"would reserve {need:.1f} GiB (gpu_memory_utilization {fraction:g} x {ranks} GPU) "
+            f"> the SLA's max_gpu_memory_gib {limit_gib:g}"
+        )
+    return None
 
 
 def tune(sla: Sla, *, trials_dir: Path, budget_trials: int | None = None) -> dict[str, Any]:
@@ -102,10 +126,15 @@ def tune(sla: Sla, *, trials_dir: Path, budget_trials: int | None = None) -> dic
     cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
     settings = SearchSettings(max_levels=sla.tune.max_levels, step=sla.tune.rate_step)
 
+    mem_limit = next((c.limit for c in sla.constraints if c.metric == "peak_memory_gib"), None)
+
     def prune(params: dict[str, ParamValue]) -> str | None:
         reasons = rules.check(
             params, model_cfg=model_cfg, hardware=hw, max_model_len=None, env=sla.engine.env
         )
+        over = memory_limit_reason(params, hw, mem_limit)
+        if over:
+            reasons.append(over)
         return "; ".join(reasons) if reasons else memory.near_crash(params)
 
     def run(params: Mapping[str, ParamValue], trial_dir: Path) -> TrialResult:

@@ -161,3 +161,24 @@ def test_a_study_is_not_reused_for_another_engine(tmp_path: Path) -> None:
     sla = parse_sla(SLA)
     with pytest.raises(StudyMismatch, match="engine"):
         open_study(sla, h.url, make_sampler("random", 1, 2, 0), {**IDENTITY, "engine": "vllm 9"})
+
+
+def test_memory_limit_is_a_hard_constraint_before_launch() -> None:
+    from autotuner.hardware import CpuInfo, GpuInfo, HardwareProfile
+    from autotuner.tune import memory_limit_reason
+
+    gpu = GpuInfo(0, "GPU-x", "H200", (9, 0), 150 * 2**30)
+    cpu = CpuInfo("x", 2, 2, 2**34, 2**33)
+    hw = HardwareProfile("gpu", cpu, (gpu,))
+    assert memory_limit_reason({"gpu_memory_utilization": 0.8}, hw, 130) is None
+    why = memory_limit_reason({}, hw, 130)  # vLLM's default 0.92 of 150 GiB = 138 GiB
+    assert why is not None and "138.0 GiB" in why
+    assert (
+        memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 130)
+        is None
+    )
+    assert (
+        memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 100)
+        is not None
+    )
+    assert memory_limit_reason({}, hw, None) is None
