@@ -109,11 +109,15 @@ def decide(reps: Sequence[Replicate], candidates: Sequence[str], min_effect: flo
         effect = _effect(s["goodput_mean"], base["goodput_mean"])
         threshold = max(min_effect, s["goodput_spread"] + base["goodput_spread"])
         if effect <= threshold and not _wins_on_sla(s, base):
-            notes.append(
-                f"{c} beat the baseline by {effect:+.1%} goodput, not more than the "
-                f"threshold {threshold:.1%}, and did not stay clearly further inside the "
-                "SLA's limits than a baseline that missed them"
+            note = (
+                f"{c} changed goodput by {effect:+.1%} against the baseline, not more than "
+                f"the threshold {threshold:.1%}"
             )
+            if base["feasible_all"]:
+                note += ", and the baseline met the SLA in every replicate too"
+            else:
+                note += ", and its lead inside the SLA's limits was within the noise"
+            notes.append(note)
             continue
         if best is None or effect > best[0]:
             best = (effect, c, threshold)
