@@ -30,7 +30,7 @@ from autotuner.pareto import Candidate, pareto_front, rank
 from autotuner.paths import atomic_write_text
 from autotuner.sla import Sla, to_yaml
 from autotuner.space import SearchSpace
-from autotuner.study import CONFIG_KEY, RESULT, ROLE, feasible
+from autotuner.study import RESULT, ROLE, feasible
 from autotuner.trial import TrialResult
 
 Say = Callable[[str], None]
@@ -528,8 +528,3 @@ def _swap(tmp: Path, final: Path) -> None:
     tmp.rename(final)
     if old.exists():
         shutil.rmtree(old)
-
-
-def config_key_of(t: FrozenTrial) -> str | None:
-    value = t.user_attrs.get(CONFIG_KEY)
-    return value if isinstance(value, str) else None

@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.engines.vllm import ParamValue
 from autotuner.sla import Sla
-from autotuner.trial import SearchSettings, TrialResult, run_trial
+from autotuner.trial import TrialResult
 
 Say = Callable[[str], None]
 RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
@@ -347,27 +347,3 @@ def best_so_far(study: optuna.Study) -> FrozenTrial | None:
         return None
     sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
     return max(cands, key=lambda t: sign * t.values[0])
-
-
-def default_runner(
-    sla: Sla,
-    *,
-    python: Path,
-    model_dir: Path,
-    cuda_devices: list[str] | None,
-    settings: SearchSettings,
-    say: Say,
-) -> RunTrial:
-    def run(params: Mapping[str, ParamValue], trial_dir: Path) -> TrialResult:
-        return run_trial(
-            params,
-            sla,
-            python=python,
-            model_dir=model_dir,
-            run_dir=trial_dir,
-            cuda_devices=cuda_devices,
-            settings=settings,
-            say=say,
-        )
-
-    return run
