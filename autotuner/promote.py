@@ -191,8 +191,19 @@ def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
         return manifest
     decision, reps, load, configs = confirm(ctx, ranked, run, say)
     chosen = configs[decision.promoted]
+    meets = chosen.feasible
+    if not meets:
+        # Keeping the defaults is the safe choice, but it must not read as a success.
+        decision = Decision(
+            **{
+                **decision.__dict__,
+                "reason": decision.reason
+                + ("; note: the baseline itself misses the SLA, so no confirmed config meets it"),
+            }
+        )
     say(f"promoted {decision.promoted}: {decision.reason}")
     manifest = _manifest(ctx, chosen, decision, reps, load, front, ranked, configs)
+    manifest["promoted"]["meets_sla"] = meets
     write_bundle(ctx, manifest, chosen, front, ranked)
     ctx.study.set_user_attr(
         "promotion",

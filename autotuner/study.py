@@ -75,9 +75,12 @@ def make_sampler(
         )
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
+    # group=True: the baseline trial has no params, so without groups the multivariate
+    # search space (params common to every finished trial) stays empty all study long.
     return optuna.samplers.TPESampler(
         seed=seed,
         multivariate=True,
+        group=True,
         constant_liar=True,
         n_startup_trials=max(2, min(10, budget // 4)),
     )

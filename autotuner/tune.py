@@ -201,7 +201,8 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def main_tune(sla_path: str, trials_dir: str, trials: int | None) -> int:
-    """CLI handler. 0: promoted; 1: nothing met the SLA; 2: bad input; 130: interrupted."""
+    """CLI handler. 0: a config that meets the SLA is promoted; 1: none confirmed to meet it
+    (the bundle may still hold the baseline and its fallbacks); 2: bad input; 130: interrupted."""
     try:
         sla = load_sla(sla_path)
     except SlaError as exc:
@@ -229,4 +230,4 @@ def main_tune(sla_path: str, trials_dir: str, trials: int | None) -> int:
         return 1
     bundle = Path(trials_dir) / sla.name / "promoted"
     print(f"bundle: {bundle}")
-    return 0
+    return 0 if manifest["promoted"].get("meets_sla") else 1
