@@ -393,9 +393,10 @@ def _profile(ctx: Context, cand: Candidate, title: str) -> report.LatencyProfile
     return report.LatencyProfile(title, pct, phases)
 
 
-def _fallbacks(ctx: Context, chosen: Candidate, ranked: list[Candidate]) -> list[report.Fallback]:
+def _fallbacks(
+    ctx: Context, chosen: Candidate, ranked: list[Candidate], base: Candidate | None
+) -> list[report.Fallback]:
     others = [c for c in ranked if c.trial != chosen.trial]
-    base = next((c for c in candidates(ctx.study) if c.baseline), None)
     if base is not None and base.trial != chosen.trial and base not in others:
         others.append(base)
     out = []
@@ -439,6 +440,8 @@ def write_bundle(
     sla = ctx.sla
     objs = [o.metric for o in sla.objectives]
     front_ids = {c.trial for c in front}
+    cands = candidates(ctx.study)
+    base = next((c for c in cands if c.baseline), None)
     points = [
         report.Point(
             trial=c.trial,
@@ -449,7 +452,7 @@ def write_bundle(
             baseline=c.baseline,
             params=c.params,
         )
-        for c in candidates(ctx.study)
+        for c in cands
     ]
     (tmp / "optimization_manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     ctx.hardware.write_csv(tmp / "hardware_profile.csv")
@@ -469,7 +472,6 @@ def write_bundle(
         )
     )
     profiles = [_profile(ctx, chosen, f"promoted (trial {chosen.trial})")]
-    base = next((c for c in candidates(ctx.study) if c.baseline), None)
     if base is not None and base.trial != chosen.trial:
         profiles.append(_profile(ctx, base, f"baseline (trial {base.trial})"))
     (tmp / "latency_breakdown.svg").write_text(
@@ -483,7 +485,7 @@ def write_bundle(
             sla.name,
             f"{'baseline (engine defaults)' if chosen.baseline else f'trial {chosen.trial}'}",
             {m: chosen.metrics.get(m) for m in SUMMARY},
-            _fallbacks(ctx, chosen, ranked),
+            _fallbacks(ctx, chosen, ranked, base),
             [
                 reason,
                 f"engine: {ctx.engine_version}; hardware: {ctx.hardware.summary().splitlines()[0]}",
