@@ -670,7 +670,8 @@ class TuneSpec(_Strict):
 
     trials: int = Field(default=12, ge=1)  # engine launches, baseline included
     time_budget_s: float | None = Field(default=None, gt=0)
-    sampler: Literal["auto", "tpe", "gp", "nsga2", "random"] = "auto"
+    # grid: every combination of the `values` lists in search.params (vLLM auto_tune style)
+    sampler: Literal["auto", "tpe", "gp", "nsga2", "random", "grid"] = "auto"
     seed: int = 0
     max_levels: int = Field(default=4, ge=1, le=12)  # load levels measured per launch
     rate_step: float = Field(default=1.5, gt=1, le=4)  # load factor between levels
@@ -766,6 +767,20 @@ class Sla(_Strict):
         if problems:
             raise _fail_all(problems)
         return v
+
+    @model_validator(mode="after")
+    def _grid_has_values(self) -> Sla:
+        if self.tune.sampler == "grid" and not any(
+            o.values is not None for o in self.search.params.values()
+        ):
+            raise _fail(
+                "the grid sampler tries every combination of the 'values' lists in "
+                "search.params, and none has one: give e.g. "
+                "search: {params: {max_num_seqs: {values: [128, 256, 512]}}}",
+                "tune",
+                "sampler",
+            )
+        return self
 
     @property
     def source_path(self) -> Path | None:

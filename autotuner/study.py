@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.engines.vllm import ParamValue
 from autotuner.sla import Sla
+from autotuner.space import ParamValue as GridValue
 from autotuner.trial import TrialResult
 
 Say = Callable[[str], None]
@@ -59,14 +60,78 @@ def storage_url(study_dir: Path, url: str | None) -> str:
     return f"sqlite:///{(study_dir / 'study.db').resolve()}"
 
 
+Grid = Mapping[str, Sequence[GridValue]]
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, fitted to this study loop.
+
+    A grid point is taken when a trial first suggests a parameter, not when it is asked:
+    the baseline trial suggests nothing, so it must not use up a point (upstream gives trial
+    ``n`` point ``n`` on ask). Points go in the seeded shuffled order, the lowest free index
+    first, so a resumed study continues the same sequence. The loop stops on the budget or an
+    exhausted grid, not through ``study.stop()``, which raises outside ``optimize``.
+    """
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        pass
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        pass
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: optuna.distributions.BaseDistribution,
+    ) -> Any:
+        if "grid_id" not in trial.system_attrs:
+            storage = study._storage
+            if "grid_id" not in storage.get_trial_system_attrs(trial._trial_id):
+                free = self._get_unvisited_grid_ids(study)
+                grid_id = min(free) if free else 0  # none free: a repeat, reused as such
+                storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
+                storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
+            trial = storage.get_trial(trial._trial_id)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+    @property
+    def size(self) -> int:
+        return len(self._all_grids)
+
+
+def grid_budget(grid: Grid) -> int:
+    """Launches that cover a whole grid: every point once, plus the baseline."""
+    return math.prod(len(v) for v in grid.values()) + 1
+
+
+def default_budget(sla: Sla, grid: Grid | None) -> int:
+    """The SLA's ``tune.trials``; a grid study that does not set it covers its whole grid."""
+    if grid is not None and "trials" not in sla.tune.model_fields_set:
+        return grid_budget(grid)
+    return sla.tune.trials
+
+
 def make_sampler(
-    kind: str, budget: int, n_objectives: int, seed: int
+    kind: str, budget: int, n_objectives: int, seed: int, grid: Grid | None = None
 ) -> optuna.samplers.BaseSampler:
     """``auto``: TPE (multivariate) for small budgets, NSGA-II from 100 trials up.
 
+    ``grid``: every combination of ``grid``'s values (vLLM auto_tune style), needs ``grid``.
     Optuna's GP sampler would suit small budgets well but needs PyTorch, which the tuner
     itself must not depend on.
     """
+    if kind == "grid":
+        if not grid:
+            raise ValueError("the grid sampler needs parameters with explicit values")
+        return GridSampler(grid, seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "nsga2" or (kind == "auto" and budget >= 100):
@@ -244,9 +309,20 @@ class StudyRunner:
         mean = sum(self.launch_times) / len(self.launch_times) if self.launch_times else 0.0
         return time.monotonic() - self.started + mean <= self.budget.time_s
 
+    def grid_done(self) -> bool:
+        """A grid study has nothing left: baseline run, every point settled, none requeued."""
+        sampler = self.study.sampler
+        if not isinstance(sampler, GridSampler) or not baseline_done(self.study):
+            return False
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        return not waiting and sampler.is_exhausted(self.study)
+
     def loop(self) -> None:
         skips = 0
         while self.spent() < self.budget.trials and self.time_left():
+            if self.grid_done():
+                self.say("grid done: every point was measured, pruned or reused")
+                break
             if skips >= MAX_CONSECUTIVE_SKIPS:
                 self.say(
                     f"stopping: {skips} suggestions in a row were pruned or repeats "

@@ -8,12 +8,13 @@ the study where it stopped: finished trials are never repeated.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,12 +28,16 @@ from autotuner.engines.vllm import ParamValue
 from autotuner.paths import atomic_write_text
 from autotuner.promote import Context, promote
 from autotuner.sla import Sla, SlaError, load_sla, to_yaml
-from autotuner.space import SearchSpace, SpaceError, load_space_for
+from autotuner.space import ParamOverride, SearchSpace, SpaceError, load_space_for
+from autotuner.space import ParamValue as SpaceValue
 from autotuner.study import (
     Budget,
+    Grid,
     StudyMismatch,
     StudyRunner,
+    default_budget,
     fail_stale,
+    grid_budget,
     make_sampler,
     open_study,
     storage_url,
@@ -50,11 +55,13 @@ def _say(msg: str) -> None:
 
 
 def _identity(
-    sla: Sla, engine: str, space: SearchSpace, model_dir: Path, hw: Any
+    sla: Sla, engine: str, space: SearchSpace, model_dir: Path, hw: Any, grid: Grid | None = None
 ) -> dict[str, str]:
     """What must not change within one study, or its trials stop being comparable."""
     workload = json.dumps(sla.workload.model_dump(mode="json"), sort_keys=True)
+    extra = {"grid": json.dumps(grid, sort_keys=True)} if grid is not None else {}
     return {
+        **extra,
         "engine": engine,
         "space": space.hash()[:16],
         "model": hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()[:16],
@@ -73,6 +80,29 @@ def _crash_memory(study: optuna.Study, space: SearchSpace) -> rules.CrashMemory:
         if cause:
             memory.record(t.user_attrs.get("params_full", {}), cause, label=f"trial {t.number}")
     return memory
+
+
+def grid_space(
+    space: SearchSpace,
+    overrides: Mapping[str, ParamOverride],
+    load: Callable[[Mapping[str, ParamOverride]], SearchSpace],
+) -> tuple[SearchSpace, dict[str, list[SpaceValue]], dict[str, SpaceValue]]:
+    """The space of a grid study, its grid, and the grid's one-value dimensions.
+
+    Only the parameters the SLA lists with ``values`` are tuned; every other one is excluded
+    (the engine decides), so ``load`` resolves the space again with those exclusions. A
+    one-value list (``gpu_memory_utilization: {values: [0.9]}``) is a dimension of the grid,
+    given to every grid point but not to the baseline, which stays the engine defaults.
+    """
+    listed = [n for n, o in overrides.items() if o.values is not None]
+    off = {p.name: ParamOverride(exclude=True) for p in space.params if p.name not in listed}
+    narrowed = load({**overrides, **off}) if off else space
+    single = {n: narrowed.fixed[n] for n in listed if narrowed.fixed_by.get(n) == "only value left"}
+    grid = {p.name: list(p.choices or ()) for p in narrowed.params}
+    if not grid:
+        raise SpaceError(["tune.sampler grid: no parameter of search.params has two values left"])
+    fixed = {k: v for k, v in narrowed.fixed.items() if k not in single}
+    return dataclasses.replace(narrowed, fixed=fixed), grid, single
 
 
 def memory_limit_reason(
@@ -105,24 +135,42 @@ def tune(sla: Sla, *, trials_dir: Path, budget_trials: int | None = None) -> dic
     dist, version = envs.probe_version(python)
     engine = f"{dist} {version}"
     hw = hardware.probe(sla.target)
-    space = load_space_for(
-        "vllm",
-        version,
-        hw,
-        allow_lossy=sla.search.allow_lossy,
-        overrides=sla.search.params,
-        engine_params=sla.engine.params,
-    )
+
+    def load(overrides: Mapping[str, ParamOverride]) -> SearchSpace:
+        return load_space_for(
+            "vllm",
+            version,
+            hw,
+            allow_lossy=sla.search.allow_lossy,
+            overrides=overrides,
+            engine_params=sla.engine.params,
+        )
+
+    space = load(sla.search.params)
+    grid: Grid | None = None
+    grid_only: dict[str, SpaceValue] = {}
+    if sla.tune.sampler == "grid":
+        space, grid, grid_only = grid_space(space, sla.search.params, load)
     study_dir = trials_dir / sla.name
     url = storage_url(study_dir, sla.tune.storage)
-    budget = Budget(budget_trials or sla.tune.trials, sla.tune.time_budget_s)
+    budget = Budget(budget_trials or default_budget(sla, grid), sla.tune.time_budget_s)
     _say(f"study {sla.name} in {study_dir} ({url.split('://')[0]} storage)")
     _say(f"engine: {engine} ({how})")
     _say(hw.summary())
     for line in space.describe():
         _say(f"  {line}")
-    sampler = make_sampler(sla.tune.sampler, budget.trials, len(sla.objectives), sla.tune.seed)
-    study = open_study(sla, url, sampler, _identity(sla, engine, space, model_dir, hw))
+    dims: Grid | None = None
+    if grid is not None:
+        dims = {**grid, **{k: [v] for k, v in grid_only.items()}}
+        _say(
+            f"grid: {' x '.join(f'{k} {v}' for k, v in dims.items())} = "
+            f"{grid_budget(grid) - 1} points after the baseline; budget {budget.trials} launches"
+        )
+    sampler = make_sampler(
+        sla.tune.sampler, budget.trials, len(sla.objectives), sla.tune.seed, grid
+    )
+    identity = _identity(sla, engine, space, model_dir, hw, dims)
+    study = open_study(sla, url, sampler, identity)
     atomic_write_text(study_dir / "sla.yaml", to_yaml(sla))
     fail_stale(study, _say)
     memory = _crash_memory(study, space)
@@ -154,7 +202,7 @@ def tune(sla: Sla, *, trials_dir: Path, budget_trials: int | None = None) -> dic
         )
 
     def suggest(trial: optuna.Trial) -> dict[str, ParamValue]:
-        return dict(space.suggest(trial))
+        return {**space.suggest(trial), **grid_only}
 
     def crashed(params: dict[str, ParamValue], cause: str) -> None:
         memory.record(params, cause)

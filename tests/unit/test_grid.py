@@ -1,0 +1,181 @@
+"""The grid sampler (``tune.sampler: grid``) in the study loop, with a fake run function."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotuner.sla import SlaError, parse_sla
+from autotuner.space import ParamOverride, SearchSpace, load_space
+from autotuner.study import (
+    Budget,
+    StudyRunner,
+    default_budget,
+    fail_stale,
+    grid_budget,
+    make_sampler,
+    open_study,
+    storage_url,
+)
+from autotuner.trial import Level, TrialResult
+from autotuner.tune import grid_space
+
+SLA = """
+name: grid-unit
+model: {synth: tiny-llama}
+workload: {input_tokens: 8, output_tokens: 4, arrival: {process: poisson, rate: 2}, requests: 4}
+constraints: {p99_ttft_ms: 100}
+objectives: [{maximize: goodput}, {minimize: p99_ttft_ms}]
+search:
+  params:
+    max_num_seqs: {values: [8, 16, 32]}
+    max_num_batched_tokens: {values: [256, 512, 1024]}
+tune:
+  sampler: grid
+"""
+GRID = {"max_num_seqs": [8, 16, 32], "max_num_batched_tokens": [256, 512, 1024]}
+FIXED = {"enforce_eager": True}
+EXTRA = {"gpu_memory_utilization": 0.9}  # a one-value grid dimension
+IDENTITY = {"engine": "vllm 0.0", "space": "s"}
+
+
+def result(params: Mapping[str, Any]) -> TrialResult:
+    seqs = int(params.get("max_num_seqs", 16))
+    metrics = {"goodput": float(seqs), "p99_ttft_ms": 50.0, "request_rate": float(seqs)}
+    level = Level(2.0, True, metrics, {"p99_ttft_ms": -0.5}, {}, {}, "level-0.json")
+    return TrialResult(dict(params), "complete", "rate", (level,), 0)
+
+
+class Grid:
+    def __init__(self, tmp: Path) -> None:
+        self.sla = parse_sla(SLA)
+        self.dir = tmp
+        self.url = storage_url(tmp, None)
+        self.launched: list[dict[str, Any]] = []
+
+    def study(self, budget: int) -> optuna.Study:
+        sampler = make_sampler("grid", budget, 2, 0, GRID)
+        return open_study(self.sla, self.url, sampler, IDENTITY)
+
+    def runner(self, study: optuna.Study, budget: int) -> StudyRunner:
+        def suggest(trial: optuna.Trial) -> dict[str, Any]:
+            values = {k: trial.suggest_categorical(k, v) for k, v in GRID.items()}
+            return {**values, **EXTRA}
+
+        def run(params: Mapping[str, Any], trial_dir: Path) -> TrialResult:
+            self.launched.append(dict(params))
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            (trial_dir / "trial.json").write_text("{}")
+            return result(params)
+
+        return StudyRunner(
+            self.sla,
+            study,
+            self.dir,
+            suggest=suggest,
+            fixed=FIXED,
+            prune=lambda p: None,
+            run=run,
+            budget=Budget(budget),
+            say=lambda s: None,
+        )
+
+    def points(self) -> list[tuple[int, int]]:
+        return [
+            (p["max_num_seqs"], p["max_num_batched_tokens"])
+            for p in self.launched
+            if "max_num_seqs" in p
+        ]
+
+
+ALL_POINTS = sorted(itertools.product(GRID["max_num_seqs"], GRID["max_num_batched_tokens"]))
+
+
+def test_budget_defaults_to_the_whole_grid() -> None:
+    sla = parse_sla(SLA)
+    assert grid_budget(GRID) == 10  # 9 points + the baseline
+    assert default_budget(sla, GRID) == 10
+    assert default_budget(parse_sla(SLA + "  trials: 4\n"), GRID) == 4
+    assert default_budget(parse_sla(SLA.replace("sampler: grid", "sampler: tpe")), None) == 12
+
+
+def test_a_3x3_grid_visits_every_point_once_after_the_baseline(tmp_path: Path) -> None:
+    g = Grid(tmp_path)
+    budget = default_budget(g.sla, GRID)
+    study = g.study(budget)
+    runner = g.runner(study, budget)
+    runner.loop()
+    assert g.launched[0] == FIXED  # the baseline: engine defaults, no grid dimension
+    assert study.trials[0].user_attrs["role"] == "baseline"
+    assert "grid_id" not in study.trials[0].system_attrs  # it used up no grid point
+    assert sorted(g.points()) == ALL_POINTS  # all 9, none twice
+    assert all(p["gpu_memory_utilization"] == 0.9 for p in g.launched[1:])
+    assert runner.spent() == 10 and len(study.trials) == 10
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+
+
+def test_an_exhausted_grid_stops_the_loop_before_a_larger_budget(tmp_path: Path) -> None:
+    g = Grid(tmp_path)
+    study = g.study(50)
+    g.runner(study, 50).loop()
+    assert sorted(g.points()) == ALL_POINTS
+    assert len(study.trials) == 10  # no repeats asked for once the grid was done
+
+
+def test_a_resumed_grid_repeats_nothing(tmp_path: Path) -> None:
+    g = Grid(tmp_path)
+    g.runner(g.study(10), 4).loop()  # the first session: baseline + 3 points
+    study = g.study(10)
+    # A point that was running when the first session was stopped.
+    stale = study.ask()
+    stale.set_user_attr("role", "candidate")
+    seqs = stale.suggest_categorical("max_num_seqs", GRID["max_num_seqs"])
+    tokens = stale.suggest_categorical("max_num_batched_tokens", GRID["max_num_batched_tokens"])
+    assert (seqs, tokens) not in g.points()
+    study = g.study(10)  # the next session
+    assert fail_stale(study, lambda s: None) == [stale.number]
+    g.runner(study, 10).loop()
+    assert sorted(g.points()) == ALL_POINTS  # the interrupted point ran again, nothing twice
+    assert sum("max_num_seqs" not in p for p in g.launched) == 1  # one baseline
+
+
+def test_grid_needs_values() -> None:
+    text = SLA.replace("{values: [8, 16, 32]}", "{low: 8}").replace(
+        "max_num_batched_tokens: {values: [256, 512, 1024]}", "max_num_batched_tokens: true"
+    )
+    with pytest.raises(SlaError, match=r"tune\.sampler: the grid sampler .* 'values'"):
+        parse_sla(text)
+    with pytest.raises(ValueError, match="explicit values"):
+        make_sampler("grid", 10, 2, 0, {})
+
+
+def test_grid_space_tunes_only_the_listed_params() -> None:
+    overrides = {
+        "max_num_seqs": ParamOverride(values=[64, 128]),
+        "max_num_batched_tokens": ParamOverride(values=[2048, 8192]),
+        "gpu_memory_utilization": ParamOverride(values=[0.9]),
+    }
+
+    def load(ov: Mapping[str, ParamOverride]) -> SearchSpace:
+        return load_space(
+            "vllm",
+            "0.26.0",
+            device="gpu",
+            gpu_count=1,
+            compute_capability=(9, 0),
+            allow_lossy=False,
+            overrides=ov,
+            engine_params={"load_format": "dummy"},
+        )
+
+    space, grid, single = grid_space(load(overrides), overrides, load)
+    assert grid == {"max_num_seqs": [64, 128], "max_num_batched_tokens": [2048, 8192]}
+    assert space.names == ["max_num_seqs", "max_num_batched_tokens"]
+    assert single == {"gpu_memory_utilization": 0.9}
+    assert space.fixed == {"load_format": "dummy"}  # the baseline stays the engine defaults
