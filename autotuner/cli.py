@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("sla", help="SLA file (YAML)")
     t.add_argument("--trials-dir", default="trials", help="studies live here (default: trials)")
     t.add_argument("--trials", type=int, help="launch budget (default: the SLA's tune.trials)")
+    t.add_argument(
+        "--extra-trials",
+        type=int,
+        default=0,
+        metavar="N",
+        help="re-tune: allow N launches beyond those the study has already counted",
+    )
 
     r = sub.add_parser("report", help="show a study: trials, Pareto front, promoted config")
     r.add_argument("study", help="study directory, SLA file, or study name")
@@ -67,6 +74,40 @@ def _parser() -> argparse.ArgumentParser:
     ms.add_argument("--arch", required=True, help="e.g. tiny-llama, llama-3.1-8b, qwen3-8b")
     ms.add_argument("--out", help="directory (default: under $AUTOTUNER_HOME/models)")
     ms.add_argument("--force", action="store_true", help="rewrite even if present")
+    ce = sub.add_parser(
+        "compare-engines",
+        help="promoted config on two engine environments: regression verdict",
+    )
+    ce.add_argument("sla", help="SLA file (YAML)")
+    ce.add_argument("--bundle", required=True, help="promoted bundle directory")
+    ce.add_argument("--old", required=True, help="registered engine environment (reference)")
+    ce.add_argument("--new", required=True, help="registered engine environment to check")
+    ce.add_argument("--replicates", type=int, default=3, help="launches per engine (default 3)")
+    ce.add_argument(
+        "--min-effect", type=float, default=0.05, help="smallest relative change (default 0.05)"
+    )
+    ce.add_argument("--work-dir", required=True, help="logs, replicates.jsonl, result.json")
+    ce.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 on a regression verdict"
+    )
+
+    d = sub.add_parser("daemon", help="run the service: API, queue, schedules, alerts")
+    d.add_argument("--config", help="daemon config file (YAML); see docs/daemon.md")
+    d.add_argument("--state-dir", help="queue, token, spool, studies (default: under home)")
+    d.add_argument("--host", help="bind address (default 127.0.0.1)")
+    d.add_argument("--port", type=int, help="port (default 8787; 0 picks a free one)")
+
+    for name, text in (("submit", "queue SLA files on the daemon"), ("status", "daemon status")):
+        c2 = sub.add_parser(name, help=text)
+        if name == "submit":
+            c2.add_argument("files", nargs="+", help="SLA files (YAML)")
+            c2.add_argument("--priority", type=int, default=0, help="higher runs first")
+            c2.add_argument("--schedule", help="cron expression of this SLA's nightly re-check")
+        else:
+            c2.add_argument("--json", action="store_true")
+        c2.add_argument("--state-dir", help="the daemon's state directory (address, token)")
+        c2.add_argument("--url", help="daemon URL (default: read from the state directory)")
+        c2.add_argument("--token-file", help="API token file (default: STATE_DIR/token)")
     return p
 
 
@@ -87,7 +128,35 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "tune":
         from autotuner.tune import main_tune
 
-        return main_tune(args.sla, args.trials_dir, args.trials)
+        return main_tune(args.sla, args.trials_dir, args.trials, args.extra_trials)
+    if args.command == "compare-engines":
+        from autotuner.regress import main_compare
+
+        return main_compare(
+            args.sla,
+            args.bundle,
+            args.old,
+            args.new,
+            args.replicates,
+            args.min_effect,
+            args.work_dir,
+            args.fail_on_regression,
+        )
+    if args.command in ("daemon", "submit", "status"):
+        from autotuner.daemon import main as dm
+
+        if args.command == "daemon":
+            return dm.main_daemon(args.config, args.state_dir, args.host, args.port)
+        if args.command == "submit":
+            return dm.main_submit(
+                args.files,
+                args.priority,
+                args.schedule,
+                args.state_dir,
+                args.url,
+                args.token_file,
+            )
+        return dm.main_status(args.state_dir, args.url, args.token_file, args.json)
     if args.command == "report":
         from autotuner.summary import main_report
 

@@ -35,6 +35,7 @@ from autotuner.study import (
     Grid,
     StudyMismatch,
     StudyRunner,
+    counted,
     default_budget,
     fail_stale,
     grid_budget,
@@ -128,8 +129,14 @@ def memory_limit_reason(
     return None
 
 
-def tune(sla: Sla, *, trials_dir: Path, budget_trials: int | None = None) -> dict[str, Any]:
-    """Run (or resume) the study of ``sla`` and promote. Returns the manifest."""
+def tune(
+    sla: Sla, *, trials_dir: Path, budget_trials: int | None = None, extra_trials: int = 0
+) -> dict[str, Any]:
+    """Run (or resume) the study of ``sla`` and promote. Returns the manifest.
+
+    ``extra_trials`` > 0 sets the budget to the launches already counted plus that many (a
+    re-tune of a finished study).
+    """
     model_dir = resolve_model(sla, _say)
     python, how = envs.resolve_python(sla.engine.name, sla.engine.python)
     dist, version = envs.probe_version(python)
@@ -173,6 +180,10 @@ def tune(sla: Sla, *, trials_dir: Path, budget_trials: int | None = None) -> dic
     study = open_study(sla, url, sampler, identity)
     atomic_write_text(study_dir / "sla.yaml", to_yaml(sla))
     fail_stale(study, _say)
+    if extra_trials > 0:
+        done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+        budget = Budget(done + extra_trials, budget.time_s)
+        _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
     memory = _crash_memory(study, space)
     model_cfg = json.loads((model_dir / "config.json").read_text())
     cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
@@ -248,7 +259,7 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def main_tune(sla_path: str, trials_dir: str, trials: int | None) -> int:
+def main_tune(sla_path: str, trials_dir: str, trials: int | None, extra_trials: int = 0) -> int:
     """CLI handler. 0: a config that meets the SLA is promoted; 1: none confirmed to meet it
     (the bundle may still hold the baseline and its fallbacks); 2: bad input; 130: interrupted."""
     try:
@@ -259,7 +270,9 @@ def main_tune(sla_path: str, trials_dir: str, trials: int | None) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        manifest = tune(sla, trials_dir=Path(trials_dir), budget_trials=trials)
+        manifest = tune(
+            sla, trials_dir=Path(trials_dir), budget_trials=trials, extra_trials=extra_trials
+        )
     except (
         StudyMismatch,
         SpaceError,

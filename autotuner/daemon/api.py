@@ -1,0 +1,304 @@
+"""The daemon's HTTP API (aiohttp). Every request needs ``Authorization: Bearer <token>``.
+
+The token is in ``<state_dir>/token`` (mode 0600): no header gives 401, a wrong token 403.
+Bodies larger than ``max_request_bytes`` get 413 before they are read. ``GET /v1/openapi.json``
+describes every route.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from autotuner import __version__
+from autotuner.daemon.metrics import StoreCollector, make_registry, render
+from autotuner.daemon.service import Daemon, SubmitError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+DAEMON: web.AppKey[Daemon] = web.AppKey("daemon", Daemon)
+REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+
+
+def _error(status: int, messages: list[str]) -> web.Response:
+    return web.json_response(
+        {"error": messages[0] if messages else "", "errors": messages}, status=status
+    )
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    daemon = request.app[DAEMON]
+    header = request.headers.get("Authorization", "")
+    if not header:
+        resp = _error(
+            401, [f"missing 'Authorization: Bearer <token>' (token file: {daemon.root / 'token'})"]
+        )
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="autotuner"'
+        return resp
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), daemon.token):
+        return _error(403, ["invalid token"])
+    return await handler(request)
+
+
+@web.middleware
+async def _size_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+    limit = request.app[DAEMON].config.max_request_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return _error(413, [f"request body of {request.content_length} bytes exceeds {limit}"])
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, [f"request body exceeds {limit} bytes"])
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"{name} must be an integer", "errors": []}),
+            content_type="application/json",
+        ) from None
+
+
+async def submit(request: web.Request) -> web.Response:
+    daemon = request.app[DAEMON]
+    body = await request.read()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return _error(400, ["body must be UTF-8 YAML"])
+    source = request.query.get("source", "submission.yaml")
+    try:
+        result = daemon.submit(
+            text,
+            source=source,
+            base_dir=None,
+            priority=_int_param(request, "priority", 0),
+            schedule=request.query.get("schedule"),
+        )
+    except SubmitError as exc:
+        return _error(exc.status, exc.messages)
+    return web.json_response(result, status=201 if result["created"] else 200)
+
+
+async def list_studies(request: web.Request) -> web.Response:
+    return web.json_response(request.app[DAEMON].status()["slas"])
+
+
+async def get_study(request: web.Request) -> web.Response:
+    daemon = request.app[DAEMON]
+    name = request.match_info["name"]
+    row = daemon.store.get_sla(name)
+    if row is None:
+        return _error(404, [f"no SLA named {name!r}"])
+    return web.json_response(
+        {
+            **row.to_dict(),
+            "jobs": [j.to_dict() for j in daemon.store.jobs(sla=name, limit=50)],
+            "verdicts": [v for v in daemon.store.verdicts() if v["sla"] == name],
+        }
+    )
+
+
+async def delete_study(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if not request.app[DAEMON].delete_sla(name):
+        return _error(404, [f"no SLA named {name!r}"])
+    return web.json_response({"deleted": name})
+
+
+async def action(request: web.Request) -> web.Response:
+    """POST /v1/studies/{name}/tune or /check: queue a re-tune or a re-check now."""
+    daemon = request.app[DAEMON]
+    name, what = request.match_info["name"], request.match_info["action"]
+    row = daemon.store.get_sla(name)
+    if row is None:
+        return _error(404, [f"no SLA named {name!r}"])
+    if what == "tune":
+        extra = _int_param(request, "trials", 0)
+        job = daemon.enqueue_tune(name, row.engine, extra=extra)
+    elif row.promotion is None:
+        return _error(409, [f"{name}: nothing promoted yet to re-check"])
+    else:
+        job = daemon.store.enqueue("recheck", name, row.promotion["engine"], priority=1)
+        daemon.wake.set()
+    return web.json_response({"job": job}, status=202)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    states = tuple(s for s in request.query.get("state", "").split(",") if s)
+    jobs = request.app[DAEMON].store.jobs(states=states, limit=_int_param(request, "limit", 200))
+    return web.json_response([j.to_dict() for j in jobs])
+
+
+async def get_job(request: web.Request) -> web.Response:
+    job = request.app[DAEMON].store.job(_job_id(request))
+    if job is None:
+        return _error(404, ["no such job"])
+    return web.json_response(job.to_dict())
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    state = request.app[DAEMON].cancel(_job_id(request))
+    if state is None:
+        return _error(404, ["no such job"])
+    if state not in ("queued", "running"):
+        return _error(409, [f"job already {state}"])
+    return web.json_response(
+        {"was": state, "now": "cancelled" if state == "queued" else "stopping"}
+    )
+
+
+def _job_id(request: web.Request) -> int:
+    try:
+        return int(request.match_info["id"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[DAEMON].status())
+
+
+async def list_alerts(request: web.Request) -> web.Response:
+    limit = _int_param(request, "limit", 100)
+    return web.json_response(request.app[DAEMON].store.alerts(limit=limit))
+
+
+async def list_engines(request: web.Request) -> web.Response:
+    return web.json_response(request.app[DAEMON].store.engines())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = render(request.app[REGISTRY])
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(OPENAPI)
+
+
+def make_app(daemon: Daemon) -> web.Application:
+    app = web.Application(
+        middlewares=[_auth, _size_limit], client_max_size=daemon.config.max_request_bytes
+    )
+    app[DAEMON] = daemon
+    app[REGISTRY] = make_registry(
+        StoreCollector(daemon.store, daemon.leases.snapshot, daemon.started)
+    )
+    r = app.router
+    r.add_post("/v1/studies", submit)
+    r.add_get("/v1/studies", list_studies)
+    r.add_get("/v1/studies/{name}", get_study)
+    r.add_delete("/v1/studies/{name}", delete_study)
+    r.add_post("/v1/studies/{name}/{action:tune|check}", action)
+    r.add_get("/v1/jobs", list_jobs)
+    r.add_get("/v1/jobs/{id}", get_job)
+    r.add_post("/v1/jobs/{id}/cancel", cancel_job)
+    r.add_delete("/v1/jobs/{id}", cancel_job)
+    r.add_get("/v1/status", status)
+    r.add_get("/v1/alerts", list_alerts)
+    r.add_get("/v1/engines", list_engines)
+    r.add_get("/v1/openapi.json", openapi)
+    r.add_get("/metrics", metrics)
+    return app
+
+
+def _op(summary: str, **extra: Any) -> dict[str, Any]:
+    return {"summary": summary, "responses": {"200": {"description": "OK"}}, **extra}
+
+
+_NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}]
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {"title": "autotuner daemon", "version": __version__},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "security": [{"bearer": []}],
+    "paths": {
+        "/v1/studies": {
+            "post": _op(
+                "Submit an SLA (YAML body); queues its study",
+                parameters=[
+                    {"name": "priority", "in": "query", "schema": {"type": "integer"}},
+                    {
+                        "name": "schedule",
+                        "in": "query",
+                        "schema": {"type": "string"},
+                        "description": "cron expression of the nightly re-check",
+                    },
+                    {
+                        "name": "source",
+                        "in": "query",
+                        "schema": {"type": "string"},
+                        "description": "file name used in error messages",
+                    },
+                ],
+                requestBody={"content": {"application/yaml": {"schema": {"type": "string"}}}},
+                responses={
+                    "201": {"description": "registered and queued"},
+                    "200": {"description": "already registered with the same content"},
+                    "400": {"description": "invalid SLA: one message per problem"},
+                    "409": {"description": "a different SLA has that name"},
+                    "413": {"description": "body too large"},
+                },
+            ),
+            "get": _op("List SLAs with their promotion and study summary"),
+        },
+        "/v1/studies/{name}": {
+            "get": _op(
+                "One SLA: definition, promotion, fallback, jobs, verdicts", parameters=_NAME
+            ),
+            "delete": _op("Unregister an SLA and cancel its jobs (files stay)", parameters=_NAME),
+        },
+        "/v1/studies/{name}/tune": {
+            "post": _op(
+                "Queue a re-tune now",
+                parameters=[
+                    *_NAME,
+                    {
+                        "name": "trials",
+                        "in": "query",
+                        "schema": {"type": "integer"},
+                        "description": "launches to add to the study's budget",
+                    },
+                ],
+            )
+        },
+        "/v1/studies/{name}/check": {"post": _op("Queue a re-check now", parameters=_NAME)},
+        "/v1/jobs": {
+            "get": _op(
+                "Jobs, newest first",
+                parameters=[
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "schema": {"type": "string"},
+                        "description": "comma-separated: queued,running,done,failed,cancelled",
+                    }
+                ],
+            )
+        },
+        "/v1/jobs/{id}": {
+            "get": _op("One job", parameters=_ID),
+            "delete": _op("Cancel a job (a running one is stopped cleanly)", parameters=_ID),
+        },
+        "/v1/jobs/{id}/cancel": {"post": _op("Cancel a job", parameters=_ID)},
+        "/v1/status": {"get": _op("Queue, running jobs, device leases, promotions, alerts")},
+        "/v1/alerts": {"get": _op("Alerts, newest first, with delivery state")},
+        "/v1/engines": {"get": _op("Engine environments and the versions last seen")},
+        "/v1/openapi.json": {"get": _op("This description")},
+        "/metrics": {"get": _op("Prometheus metrics (text exposition format)")},
+    },
+}

@@ -1,0 +1,101 @@
+"""The daemon's configuration file (YAML), validated like SLA files: unknown keys are errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from autotuner import paths
+
+DEFAULT_PORT = 8787
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check_cron(value: str) -> str:
+    """A five-field cron expression (minute hour day month weekday), local time."""
+    if len(value.split()) != 5 or not croniter.is_valid(value):
+        raise ValueError(f"not a 5-field cron expression: {value!r} (e.g. '0 2 * * *')")
+    return value
+
+
+class Webhook(_Strict):
+    url: str
+    timeout_s: float = Field(default=10.0, gt=0)
+    # retried with backoff 2, 4, 8, ... s (capped at 10 min)
+    max_attempts: int = Field(default=8, ge=1)
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("webhook url must start with http:// or https://")
+        return v
+
+
+class RegressionSettings(_Strict):
+    replicates: int = Field(default=3, ge=1, le=20)  # launches per engine, interleaved
+    min_effect: float = Field(default=0.05, ge=0, lt=1)  # smallest change worth an alarm
+    retune: bool = True  # re-tune on the new engine after the check
+
+
+class DaemonConfig(_Strict):
+    state_dir: Path = Field(default_factory=lambda: paths.home() / "daemon")
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    schedule: str = "0 2 * * *"  # nightly re-check of every SLA; per SLA overridable at submit
+    spool_poll_s: float = Field(default=2.0, gt=0)
+    engine_poll_s: float = Field(default=300.0, gt=0)  # how often engines are re-probed
+    max_request_bytes: int = Field(default=1 << 20, ge=1024)
+    retune_trials: int = Field(default=0, ge=0)  # launches a re-tune adds (0: tune.trials)
+    max_attempts: int = Field(default=3, ge=1)  # a job that crashes is retried this often
+    exclude_gpus: list[str] = Field(default_factory=list)  # indices or UUIDs never leased
+    gpu_free_timeout_s: float = Field(default=120.0, gt=0)  # for NVML to show a GPU freed
+    gpu_idle_mib: int = Field(default=1024, ge=0)  # "free" = at most this much used by anyone
+    webhooks: list[Webhook] = Field(default_factory=list)
+    regression: RegressionSettings = Field(default_factory=RegressionSettings)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        return check_cron(v)
+
+    @field_validator("state_dir")
+    @classmethod
+    def _abs(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_config(path: str | Path | None, **overrides: Any) -> DaemonConfig:
+    """Read the YAML file (if any) and apply command-line overrides (``None`` means unset)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+        data = loaded or {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return DaemonConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [
+            f"{path or 'config'}: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise ConfigError("\n".join(lines)) from None

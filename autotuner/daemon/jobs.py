@@ -1,0 +1,183 @@
+"""What each job kind runs (an argv, never a shell line) and what its files say afterwards.
+
+Layout under the state directory, per SLA ``S`` and engine environment ``E``:
+
+    slas/S/source.yaml        the SLA as submitted
+    slas/S/E.yaml             the SLA pinned to engine E (what jobs run)
+    studies/S/E/S/            the Optuna study of S on E and its promoted bundle
+    runs/S/job-N/             re-check and regression runs
+    logs/job-N.log            each job's output
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotuner.sla import Sla, to_yaml
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    def sla_dir(self, sla: str) -> Path:
+        return self.root / "slas" / sla
+
+    def sla_file(self, sla: str, engine: str) -> Path:
+        return self.sla_dir(sla) / f"{engine}.yaml"
+
+    def trials_dir(self, sla: str, engine: str) -> Path:
+        return self.root / "studies" / sla / engine
+
+    def study_dir(self, sla: str, engine: str) -> Path:
+        return self.trials_dir(sla, engine) / sla
+
+    def bundle(self, sla: str, engine: str) -> Path:
+        return self.study_dir(sla, engine) / "promoted"
+
+    def run_dir(self, sla: str, job_id: int) -> Path:
+        return self.root / "runs" / sla / f"job-{job_id}"
+
+    def log(self, job_id: int) -> Path:
+        return self.root / "logs" / f"job-{job_id}.log"
+
+
+def pinned_yaml(sla: Sla, engine: str) -> str:
+    """The SLA with its engine set to the registered environment ``engine`` and every path
+    absolute, so the job can run from any directory."""
+    model = sla.model
+    if model.path is not None:
+        model = model.model_copy(update={"path": str(sla.resolve_path(model.path))})
+    workload = sla.workload
+    if workload.dataset is not None:
+        workload = workload.model_copy(update={"dataset": str(sla.resolve_path(workload.dataset))})
+    eng = sla.engine.model_copy(update={"name": engine, "python": None})
+    return to_yaml(sla.model_copy(update={"model": model, "workload": workload, "engine": eng}))
+
+
+def _me() -> list[str]:
+    return [sys.executable, "-m", "autotuner"]
+
+
+def tune_argv(layout: Layout, sla: str, engine: str, extra_trials: int) -> list[str]:
+    argv = [
+        *_me(),
+        "tune",
+        str(layout.sla_file(sla, engine)),
+        "--trials-dir",
+        str(layout.trials_dir(sla, engine)),
+    ]
+    if extra_trials > 0:
+        argv += ["--extra-trials", str(extra_trials)]
+    return argv
+
+
+def recheck_argv(
+    layout: Layout, sla: str, engine: str, job_id: int, params: Mapping[str, Any]
+) -> list[str]:
+    run_dir = layout.run_dir(sla, job_id)
+    argv = [*_me(), "bench", str(layout.sla_file(sla, engine))]
+    for key, value in params.items():
+        argv += ["--set", f"{key}={_cli_value(value)}"]
+    return [*argv, "--output", str(run_dir / "result.json"), "--trials-dir", str(run_dir)]
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+def regression_argv(
+    layout: Layout,
+    sla: str,
+    old: str,
+    new: str,
+    job_id: int,
+    replicates: int,
+    min_effect: float,
+) -> list[str]:
+    return [
+        *_me(),
+        "compare-engines",
+        str(layout.sla_file(sla, old)),
+        "--bundle",
+        str(layout.bundle(sla, old)),
+        "--old",
+        old,
+        "--new",
+        new,
+        "--replicates",
+        str(replicates),
+        "--min-effect",
+        str(min_effect),
+        "--work-dir",
+        str(layout.run_dir(sla, job_id)),
+    ]
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def promotion_from(layout: Layout, sla: str, engine: str, now: float) -> dict[str, Any] | None:
+    """The promotion a finished tune left in its bundle, as the daemon records it."""
+    manifest = read_json(layout.bundle(sla, engine) / "optimization_manifest.json")
+    if manifest is None or not manifest.get("promoted"):
+        return None
+    promoted = manifest["promoted"]
+    measurements = manifest.get("measurements") or {}
+    confirmation = measurements.get("confirmation") or {}
+    spread = (confirmation.get("spread") or {}).get(str(promoted.get("label")), {})
+    goodput = (spread.get("goodput") or {}).get("mean")
+    if goodput is None:
+        goodput = ((measurements.get("search") or {}).get("at_sla_load") or {}).get("goodput")
+    return {
+        "engine": engine,
+        "engine_version": (manifest.get("provenance") or {}).get("engine_version"),
+        "bundle": str(layout.bundle(sla, engine)),
+        "label": promoted.get("label"),
+        "params": promoted.get("params") or {},
+        "meets_sla": bool(promoted.get("meets_sla")),
+        "goodput": goodput,
+        "goodput_spread": (spread.get("goodput") or {}).get("spread"),
+        "load": confirmation.get("load"),
+        "manifest_created": manifest.get("created"),
+        "time": now,
+    }
+
+
+def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:
+    """Trials by state and the best goodput of the study (read-only; empty if none yet)."""
+    db = layout.study_dir(sla, engine) / "study.db"
+    if not db.is_file():
+        return {"engine": engine, "trials": {}, "best_goodput": None}
+    import optuna
+
+    from autotuner.study import feasible
+
+    try:
+        study = optuna.load_study(study_name=sla, storage=f"sqlite:///{db}")
+    except Exception as exc:  # a missing or foreign study must not break the status page
+        return {"engine": engine, "trials": {}, "best_goodput": None, "error": str(exc)}
+    trials: dict[str, int] = {}
+    best = None
+    running = []
+    for t in study.get_trials(deepcopy=False):
+        trials[t.state.name] = trials.get(t.state.name, 0) + 1
+        if t.state.name == "RUNNING":
+            running.append({"number": t.number, "params": t.params})
+        if t.state.name == "COMPLETE" and feasible(t):
+            g = t.user_attrs.get("max_load")
+            if isinstance(g, int | float) and (best is None or g > best):
+                best = float(g)
+    return {"engine": engine, "trials": trials, "best_goodput": best, "running": running}

@@ -1,0 +1,159 @@
+"""Prometheus metrics of the daemon, read from its store at scrape time.
+
+A custom collector (the client_python pattern for state that lives elsewhere) keeps the
+numbers exactly what the database says, with no gauges to keep in sync by hand.
+``METRIC_NAMES`` lists every family; deploy/'s alert rules and dashboard use only these.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from autotuner.daemon.store import JOB_KINDS, JOB_STATES, Store
+
+VERDICTS = ("regression", "improvement", "no_change", "not_enough_data")
+TRIAL_STATES = ("COMPLETE", "FAIL", "PRUNED", "RUNNING", "WAITING")
+
+METRIC_NAMES = (
+    "autotuner_jobs",
+    "autotuner_queue_length",
+    "autotuner_trials",
+    "autotuner_best_goodput",
+    "autotuner_sla_feasible",
+    "autotuner_promoted_goodput",
+    "autotuner_last_promotion_timestamp_seconds",
+    "autotuner_regression_verdict",
+    "autotuner_regression_goodput_change_ratio",
+    "autotuner_engine_info",
+    "autotuner_alerts",
+    "autotuner_alerts_undelivered",
+    "autotuner_device_leased",
+    "autotuner_daemon_start_time_seconds",
+)
+
+
+class StoreCollector(Collector):
+    def __init__(self, store: Store, leases: Callable[[], dict[str, Any]], started: float) -> None:
+        self.store = store
+        self.leases = leases
+        self.started = started
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.store
+        jobs = GaugeMetricFamily(
+            "autotuner_jobs", "Jobs by kind and state", labels=["kind", "state"]
+        )
+        counts = s.counts()
+        for kind in JOB_KINDS:
+            for state in JOB_STATES:
+                jobs.add_metric([kind, state], counts.get((kind, state), 0))
+        yield jobs
+        queued = sum(n for (_, st), n in counts.items() if st == "queued")
+        yield GaugeMetricFamily("autotuner_queue_length", "Jobs waiting to run", value=queued)
+
+        trials = GaugeMetricFamily(
+            "autotuner_trials",
+            "Trials of the SLA's current study by state",
+            labels=["sla", "state"],
+        )
+        best = GaugeMetricFamily(
+            "autotuner_best_goodput",
+            "Best SLA goodput found by the search (req/s meeting every SLO)",
+            labels=["sla"],
+        )
+        feasible = GaugeMetricFamily(
+            "autotuner_sla_feasible",
+            "1 if the promotion in force met the SLA when confirmed, else 0",
+            labels=["sla"],
+        )
+        promoted = GaugeMetricFamily(
+            "autotuner_promoted_goodput",
+            "Goodput of the promotion in force, as confirmed",
+            labels=["sla", "engine"],
+        )
+        last = GaugeMetricFamily(
+            "autotuner_last_promotion_timestamp_seconds",
+            "Unix time of the promotion in force",
+            labels=["sla"],
+        )
+        for row in s.slas():
+            summary = row.summary or {}
+            for tstate in TRIAL_STATES:
+                trials.add_metric([row.name, tstate], (summary.get("trials") or {}).get(tstate, 0))
+            if summary.get("best_goodput") is not None:
+                best.add_metric([row.name], float(summary["best_goodput"]))
+            p = row.promotion
+            if p:
+                feasible.add_metric([row.name], 1.0 if p.get("meets_sla") else 0.0)
+                if p.get("goodput") is not None:
+                    promoted.add_metric([row.name, str(p.get("engine"))], float(p["goodput"]))
+                last.add_metric([row.name], float(p.get("time", 0.0)))
+        yield from (trials, best, feasible, promoted, last)
+
+        verdict = GaugeMetricFamily(
+            "autotuner_regression_verdict",
+            "Latest engine-upgrade verdict per SLA and engine pair (1 for the verdict seen)",
+            labels=["sla", "old_engine", "new_engine", "verdict"],
+        )
+        change = GaugeMetricFamily(
+            "autotuner_regression_goodput_change_ratio",
+            "Relative goodput change new vs old engine in the latest check",
+            labels=["sla", "old_engine", "new_engine"],
+        )
+        for v in s.latest_verdicts():
+            key = [v["sla"], v["old_engine"], v["new_engine"]]
+            for name in VERDICTS:
+                verdict.add_metric([*key, name], 1.0 if v["verdict"] == name else 0.0)
+            for c in json.loads(v["details"]).get("changes", []):
+                if c.get("metric") == "goodput" and c.get("change") is not None:
+                    change.add_metric(key, float(c["change"]))
+        yield from (verdict, change)
+
+        info = GaugeMetricFamily(
+            "autotuner_engine_info",
+            "Registered engine environments and the version each reports",
+            labels=["name", "distribution", "version", "device"],
+        )
+        for name, e in sorted(s.engines().items()):
+            info.add_metric([name, e["distribution"], e["version"], e["device"]], 1.0)
+        yield info
+
+        alerts = GaugeMetricFamily("autotuner_alerts", "Alerts raised, by kind", labels=["kind"])
+        for akind, n in sorted(s.alert_counts().items()):
+            alerts.add_metric([akind], n)
+        yield alerts
+        yield GaugeMetricFamily(
+            "autotuner_alerts_undelivered",
+            "Alerts not yet accepted by every webhook",
+            value=len(s.undelivered(time.time() + 1e9)),
+        )
+
+        leased = GaugeMetricFamily(
+            "autotuner_device_leased", "1 while a job holds the device", labels=["device"]
+        )
+        for dev in sorted(self.leases().get("held", {})):
+            leased.add_metric([dev], 1.0)
+        yield leased
+        yield GaugeMetricFamily(
+            "autotuner_daemon_start_time_seconds",
+            "Unix time the daemon started",
+            value=self.started,
+        )
+
+
+def make_registry(collector: StoreCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,806 @@
+"""The daemon's core: submissions, the job loop, schedules, engine watching, alerts.
+
+Everything runs on one asyncio loop; jobs are child processes in their own sessions (so a
+signal to them reaches their whole tree) that die with the daemon (parent-death signal) and
+whose engines have their own guards. State lives in the store, so a restart picks up where
+the last process stopped: running jobs whose process is gone go back to the queue, and a
+``tune`` job resumes its Optuna study (the interrupted trial is failed and re-queued there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import psutil
+from croniter import croniter
+
+from autotuner import envs
+from autotuner.daemon import alerts, jobs
+from autotuner.daemon.config import DaemonConfig, check_cron
+from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
+from autotuner.daemon.store import Job, SlaRow, Store
+from autotuner.paths import atomic_write_text
+from autotuner.procs import set_parent_death_signal
+from autotuner.sla import Sla, SlaError, parse_sla
+
+Say = Callable[[str], None]
+STOP_GRACE_S = 90.0  # a job's engines need ~10 s to stop; tune writes its state on the way
+
+
+class SubmitError(Exception):
+    """A submission was refused; ``status`` is the HTTP status that fits."""
+
+    def __init__(self, status: int, messages: list[str]) -> None:
+        super().__init__("\n".join(messages))
+        self.status = status
+        self.messages = messages
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+@dataclass
+class Running:
+    job: Job
+    proc: asyncio.subprocess.Process
+    devices: list[str]
+    log: IO[bytes]
+    stopping: bool = False  # the daemon interrupted it (not the job's own failure)
+
+
+def _token(path: Path) -> str:
+    """Read the API token, creating it (mode 0600, never wider) on first start."""
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    return path.read_text().strip()
+
+
+def next_run(cron: str, after: float) -> float:
+    """The next time (Unix seconds) ``cron`` fires after ``after``, in local time."""
+    return float(croniter(cron, datetime.fromtimestamp(after).astimezone()).get_next(float))
+
+
+class Daemon:
+    def __init__(
+        self, config: DaemonConfig, *, gpus: GpuView | None = None, say: Say = print
+    ) -> None:
+        self.config = config
+        self.root = config.state_dir
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)  # the token, SLAs and logs are the operator's business
+        self.layout = jobs.Layout(self.root)
+        self._lock = self._take_lock()
+        self.store = Store(self.root / "daemon.db")
+        self.token = _token(self.root / "token")
+        self.leases = Leases(
+            gpus,
+            exclude=config.exclude_gpus,
+            idle_mib=config.gpu_idle_mib,
+            free_timeout_s=config.gpu_free_timeout_s,
+        )
+        self.say = say
+        self.started = time.time()
+        self.running: dict[int, Running] = {}
+        self.waiting: dict[int, str] = {}  # job id -> why it cannot start yet
+        self.stopping = False
+        self.wake = asyncio.Event()
+        self.url = ""
+        for sub in ("spool", "spool/done", "spool/failed", "logs", "slas", "studies", "runs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    def _take_lock(self) -> IO[str]:
+        """One daemon per state directory (two would run every job twice)."""
+        f = (self.root / "daemon.lock").open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise AlreadyRunning(f"another daemon is running on {self.root}") from None
+        return f
+
+    def close(self) -> None:
+        self.store.close()
+        self._lock.close()
+
+    # ------------------------------------------------------------------ start-up
+    def recover(self) -> list[int]:
+        """Jobs left ``running`` by a previous daemon: kill what survives, queue them again."""
+        back = []
+        for job in self.store.jobs(states=("running",)):
+            if job.pid is not None and _same_process(job.pid, job.pid_start):
+                self.say(f"job {job.id}: process {job.pid} outlived its daemon; stopping it")
+                _kill_session(job.pid, grace_s=STOP_GRACE_S)
+            if job.attempts >= self.config.max_attempts:
+                self.store.finish(job.id, "failed", error="interrupted by daemon crashes too often")
+                self.alert(
+                    "job_failed",
+                    job.sla,
+                    "warning",
+                    f"job {job.id} ({job.kind}) was interrupted by daemon crashes too often",
+                    {"job": job.id},
+                )
+                continue
+            self.store.requeue(job.id, error="interrupted: the daemon stopped while it ran")
+            back.append(job.id)
+        if back:
+            self.say(f"re-queued interrupted jobs: {back}")
+        return back
+
+    def write_address(self, host: str, port: int) -> None:
+        self.url = f"http://{host}:{port}"
+        info = {"url": self.url, "pid": os.getpid(), "started": self.started}
+        atomic_write_text(self.root / "daemon.json", json.dumps(info) + "\n")
+
+    # ------------------------------------------------------------------ submissions
+    def submit(
+        self,
+        text: str,
+        *,
+        source: str,
+        base_dir: Path | None,
+        priority: int = 0,
+        schedule: str | None = None,
+    ) -> dict[str, Any]:
+        """Validate and register an SLA, queue its first tune. Raises SubmitError."""
+        try:
+            sla = parse_sla(text, source, base_dir, check_files=base_dir is not None)
+        except SlaError as exc:
+            raise SubmitError(400, [p.render(source) for p in exc.problems]) from None
+        if base_dir is None:
+            bad = _relative_paths(sla)
+            if bad:
+                raise SubmitError(400, [f"{source}: {b}" for b in bad])
+        if schedule is not None:
+            try:
+                check_cron(schedule)
+            except ValueError as exc:
+                raise SubmitError(400, [f"schedule: {exc}"]) from None
+        engine = self._engine_for(sla, source)
+        pinned = jobs.pinned_yaml(sla, engine)
+        existing = self.store.get_sla(sla.name)
+        if existing is not None:
+            if existing.yaml != text:
+                raise SubmitError(
+                    409,
+                    [
+                        f"{source}: an SLA named {sla.name!r} is registered with other "
+                        "content; submit it under another name, or delete the old one first"
+                    ],
+                )
+            job = self.store.pending(sla.name, "tune")
+            job_id = job.id if job else self.enqueue_tune(sla.name, engine, priority=priority)
+            return {"sla": sla.name, "job": job_id, "engine": engine, "created": False}
+        atomic_write_text(self.layout.sla_dir(sla.name) / "source.yaml", text)
+        atomic_write_text(self.layout.sla_file(sla.name, engine), pinned)
+        try:
+            self.store.add_sla(sla.name, text, schedule or self.config.schedule, engine)
+        except Exception as exc:  # a racing submission of the same name won
+            if "UNIQUE" in str(exc):
+                raise SubmitError(409, [f"{source}: {sla.name!r} was just submitted"]) from None
+            raise
+        job_id = self.enqueue_tune(sla.name, engine, priority=priority)
+        self.say(f"submitted {sla.name} (engine {engine}): job {job_id}")
+        return {"sla": sla.name, "job": job_id, "engine": engine, "created": True}
+
+    def _engine_for(self, sla: Sla, source: str) -> str:
+        """The registered engine environment the SLA runs on (its name)."""
+        registered = envs.list_envs()
+        if sla.engine.name:
+            if not any(e.name == sla.engine.name for e in registered):
+                names = ", ".join(e.name for e in registered) or "none"
+                raise SubmitError(
+                    400,
+                    [
+                        f"{source}: engine.name: no engine environment {sla.engine.name!r} "
+                        f"(registered: {names}; see `autotuner engine list`)"
+                    ],
+                )
+            return sla.engine.name
+        if sla.engine.python:
+            want = Path(sla.engine.python).expanduser()
+            for e in registered:
+                if e.python == want:
+                    return e.name
+            raise SubmitError(
+                400,
+                [
+                    f"{source}: engine.python: the daemon runs registered engines only; register "
+                    f"it with `autotuner engine add NAME --python {want}` and name it in the SLA"
+                ],
+            )
+        vllm = [e for e in registered if e.kind == sla.engine.kind]
+        if len(vllm) == 1:
+            return vllm[0].name
+        names = ", ".join(e.name for e in vllm) or "none registered"
+        raise SubmitError(
+            400, [f"{source}: engine: name the engine environment to use (engine.name: {names})"]
+        )
+
+    def enqueue_tune(self, sla: str, engine: str, *, priority: int = 0, extra: int = 0) -> int:
+        job_id = self.store.enqueue(
+            "tune", sla, engine, args={"extra_trials": extra}, priority=priority
+        )
+        self.wake.set()
+        return job_id
+
+    def delete_sla(self, name: str) -> bool:
+        row = self.store.get_sla(name)
+        if row is None:
+            return False
+        for job in self.store.jobs(states=("queued", "running"), sla=name):
+            self.cancel(job.id)
+        self.store.delete_sla(name)
+        return True
+
+    def cancel(self, job_id: int) -> str | None:
+        state = self.store.request_cancel(job_id)
+        run = self.running.get(job_id)
+        if state == "running" and run is not None:
+            _signal_session(run.proc.pid, signal.SIGTERM)
+        return state
+
+    # ------------------------------------------------------------------ the job loop
+    async def dispatch(self) -> None:
+        """Start every queued job whose devices are free (highest priority first)."""
+        if self.stopping:
+            return
+        self.waiting.clear()
+        ours = our_pids() if self.leases.gpus is not None else set()
+        for job in self.store.queued(time.time()):
+            row = self.store.get_sla(job.sla)
+            if row is None:
+                self.store.finish(job.id, "cancelled", error="its SLA was deleted")
+                continue
+            try:
+                sla = parse_sla(row.yaml, job.sla)
+                wanted = self.leases.devices_for(sla.target.kind, sla.target.devices)
+            except (SlaError, LeaseError) as exc:
+                self.store.finish(job.id, "failed", error=str(exc))
+                self.alert("job_failed", job.sla, "warning", f"job {job.id}: {exc}", {})
+                continue
+            why = self.leases.available(wanted, ours)
+            if why is not None:
+                self.waiting[job.id] = why
+                continue
+            argv = self._argv(job, row)
+            if argv is None:
+                continue
+            if not self.store.claim(job.id):
+                continue
+            self.leases.acquire(wanted, job.id)
+            try:
+                await self._start(job, argv, wanted)
+            except OSError as exc:
+                self.leases.release(job.id)
+                self.store.finish(job.id, "failed", error=f"could not start: {exc}")
+
+    def _argv(self, job: Job, row: SlaRow) -> list[str] | None:
+        cfg = self.config
+        if job.kind == "tune":
+            if not self.layout.sla_file(job.sla, job.engine).is_file():
+                sla = parse_sla(row.yaml, job.sla)
+                atomic_write_text(
+                    self.layout.sla_file(job.sla, job.engine), jobs.pinned_yaml(sla, job.engine)
+                )
+            return jobs.tune_argv(
+                self.layout, job.sla, job.engine, int(job.args.get("extra_trials", 0))
+            )
+        if job.kind == "recheck":
+            p = row.promotion
+            if not p:
+                self.store.finish(job.id, "cancelled", error="nothing promoted to re-check")
+                return None
+            return jobs.recheck_argv(self.layout, job.sla, p["engine"], job.id, p["params"])
+        if job.kind == "regression":
+            old, new = str(job.args["old"]), str(job.args["new"])
+            if not self.layout.sla_file(job.sla, new).is_file():
+                sla = parse_sla(row.yaml, job.sla)
+                atomic_write_text(self.layout.sla_file(job.sla, new), jobs.pinned_yaml(sla, new))
+            return jobs.regression_argv(
+                self.layout,
+                job.sla,
+                old,
+                new,
+                job.id,
+                cfg.regression.replicates,
+                cfg.regression.min_effect,
+            )
+        self.store.finish(job.id, "failed", error=f"unknown job kind {job.kind!r}")
+        return None
+
+    async def _start(self, job: Job, argv: list[str], devices: list[str]) -> None:
+        log_path = self.layout.log(job.id)
+        log = log_path.open("ab")
+        log.write(
+            f"--- {datetime.now().astimezone().isoformat()} attempt {job.attempts + 1}: "
+            f"{' '.join(argv)}\n".encode()
+        )
+        log.flush()
+        env = dict(os.environ)
+        env.pop(envs.ENV_PYTHON_VAR, None)  # jobs pick engines by name, never by override
+        env["PYTHONUNBUFFERED"] = "1"
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            cwd=str(self.root),
+            start_new_session=True,
+            preexec_fn=set_parent_death_signal,
+        )
+        self.store.set_pid(job.id, proc.pid, psutil.Process(proc.pid).create_time())
+        fresh = self.store.job(job.id)
+        assert fresh is not None
+        run = Running(fresh, proc, devices, log)
+        self.running[job.id] = run
+        self.say(f"job {job.id} ({job.kind} {job.sla} on {job.engine}) started: pid {proc.pid}")
+        asyncio.get_running_loop().create_task(self._watch(run))
+
+    async def _watch(self, run: Running) -> None:
+        code = await run.proc.wait()
+        run.log.close()
+        self.running.pop(run.job.id, None)
+        self.leases.release(run.job.id)
+        try:
+            self._finished(run, code)
+        except Exception as exc:  # a bug in handling must not leave the job "running"
+            self.store.finish(run.job.id, "failed", exit_code=code, error=f"internal: {exc!r}")
+        self.wake.set()
+
+    def _finished(self, run: Running, code: int) -> None:
+        job = self.store.job(run.job.id)
+        assert job is not None
+        self.say(f"job {job.id} ({job.kind} {job.sla}) exited with {code}")
+        if job.cancel_requested:
+            self.store.finish(job.id, "cancelled", exit_code=code)
+            return
+        if run.stopping:
+            self.store.undo_attempt(job.id)
+            self.store.requeue(job.id, error="interrupted: the daemon was stopped")
+            return
+        interrupted = code in (130, -signal.SIGTERM, -signal.SIGKILL)
+        if code == 2:
+            self.store.finish(job.id, "failed", exit_code=code, error=self._tail(job.id))
+            self.alert(
+                "job_failed",
+                job.sla,
+                "warning",
+                f"job {job.id} ({job.kind}) was refused: bad input",
+                {"job": job.id},
+            )
+            return
+        handled = {"tune": (0, 1), "recheck": (0, 1, 3), "regression": (0,)}[job.kind]
+        if code not in handled:
+            if job.attempts < self.config.max_attempts:
+                delay = 30.0 * 2 ** (job.attempts - 1)
+                self.store.requeue(
+                    job.id, delay_s=delay, error=f"exit {code}: {self._tail(job.id)}"
+                )
+                return
+            self.store.finish(job.id, "failed", exit_code=code, error=self._tail(job.id))
+            self.alert(
+                "job_failed",
+                job.sla,
+                "warning",
+                f"job {job.id} ({job.kind}) failed {job.attempts} times "
+                f"({'interrupted' if interrupted else f'exit {code}'})",
+                {"job": job.id},
+            )
+            return
+        outcome = {
+            "tune": self._tune_done,
+            "recheck": self._recheck_done,
+            "regression": self._regression_done,
+        }[job.kind](job, code)
+        self.store.finish(job.id, "done", exit_code=code, outcome=outcome)
+
+    def _tail(self, job_id: int, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            text = self.layout.log(job_id).read_text(errors="replace")
+            return "\n".join(text.splitlines()[-lines:])
+        return ""
+
+    # ------------------------------------------------------------------ job outcomes
+    def _tune_done(self, job: Job, code: int) -> dict[str, Any]:
+        row = self.store.get_sla(job.sla)
+        summary = jobs.study_summary(self.layout, job.sla, job.engine)
+        promo = jobs.promotion_from(self.layout, job.sla, job.engine, time.time())
+        if row is None:
+            return {"promotion": promo}
+        fields: dict[str, Any] = {"summary": summary}
+        current = row.promotion
+        if promo is not None:
+            if current is None or current.get("engine") == job.engine:
+                fields.update(promotion=promo, engine=job.engine)
+            elif promo["meets_sla"] or not current.get("meets_sla"):
+                # A re-tune on a new engine takes over; the old promotion stays as fallback.
+                fields.update(promotion=promo, fallback=current, engine=job.engine)
+            else:
+                self.alert(
+                    "retune_not_promoted",
+                    job.sla,
+                    "warning",
+                    f"{job.sla}: the re-tune on {job.engine} found nothing that meets the SLA; "
+                    f"the promotion on {current.get('engine')} stays in force",
+                    {"engine": job.engine, "old_engine": current.get("engine")},
+                )
+            if not promo["meets_sla"]:
+                self.alert(
+                    "sla_infeasible",
+                    job.sla,
+                    "warning",
+                    f"{job.sla}: no configuration confirmed to meet the SLA on {job.engine}",
+                    {"engine": job.engine, "goodput": promo.get("goodput")},
+                )
+        self.store.update_sla(job.sla, **fields)
+        if row.next_check is None:
+            self.store.update_sla(job.sla, next_check=next_run(row.schedule, time.time()))
+        return {"promotion": promo, "summary": summary}
+
+    def _recheck_done(self, job: Job, code: int) -> dict[str, Any]:
+        row = self.store.get_sla(job.sla)
+        result = jobs.read_json(self.layout.run_dir(job.sla, job.id) / "result.json") or {}
+        metrics = (result.get("evaluation") or {}).get("metrics") or {}
+        goodput = metrics.get("goodput")
+        out: dict[str, Any] = {"meets_sla": code == 0, "goodput": goodput, "exit_code": code}
+        if row is None or row.promotion is None:
+            return out
+        p = row.promotion
+        engine = p["engine"]
+        if code != 0:
+            why = "the engine failed to start" if code == 3 else "it missed the SLA"
+            self.alert(
+                "sla_violation",
+                job.sla,
+                "critical",
+                f"{job.sla}: the promoted config ({p.get('label')}) no longer meets the SLA on "
+                f"{engine}: {why}; re-tuning",
+                {"engine": engine, "goodput": goodput},
+            )
+            if not self.store.pending(job.sla, "tune"):
+                self.enqueue_tune(job.sla, row.engine, extra=self._retune_trials(job.sla))
+            return out
+        expected = p.get("goodput")
+        if isinstance(goodput, int | float) and isinstance(expected, int | float) and expected > 0:
+            drop = 1.0 - goodput / expected
+            threshold = max(self.config.regression.min_effect, float(p.get("goodput_spread") or 0))
+            out.update(expected=expected, change=-drop, threshold=threshold)
+            if drop > threshold:
+                self.alert(
+                    "throughput_regression",
+                    job.sla,
+                    "warning",
+                    f"{job.sla}: goodput of the promoted config fell {drop:.0%} (from "
+                    f"{expected:.2f} to {goodput:.2f}) on {engine}, beyond the noise "
+                    f"({threshold:.0%})",
+                    {"engine": engine, "expected": expected, "measured": goodput},
+                )
+        return out
+
+    def _regression_done(self, job: Job, code: int) -> dict[str, Any]:
+        result = jobs.read_json(self.layout.run_dir(job.sla, job.id) / "result.json") or {}
+        verdict = str(result.get("verdict", "not_enough_data"))
+        old, new = str(job.args["old"]), str(job.args["new"])
+        details = {
+            "verdict": verdict,
+            "reason": result.get("reason"),
+            "changes": result.get("changes", []),
+            "old_engine": old,
+            "new_engine": new,
+            "old_version": (result.get("old") or {}).get("version"),
+            "new_version": (result.get("new") or {}).get("version"),
+            "load": result.get("load"),
+            "counts": result.get("counts"),
+        }
+        self.store.add_verdict(job.sla, old, new, verdict, details)
+        if verdict == "regression":
+            numbers = "; ".join(
+                f"{c['metric']} {c['change']:+.1%} (90% CI {c['ci_low']:+.1%}..{c['ci_high']:+.1%})"
+                for c in result.get("changes", [])
+                if c.get("change") is not None and c.get("direction") == "worse"
+            )
+            self.alert(
+                "engine_regression",
+                job.sla,
+                "critical",
+                f"{job.sla}: {new} ({details['new_version']}) is slower than {old} "
+                f"({details['old_version']}) for the promoted config: "
+                f"{numbers or result.get('reason')}",
+                details,
+            )
+        if self.config.regression.retune and not self.store.pending(job.sla, "tune"):
+            self.enqueue_tune(job.sla, new, priority=-1, extra=0)
+        return details
+
+    def _retune_trials(self, sla: str) -> int:
+        if self.config.retune_trials:
+            return self.config.retune_trials
+        row = self.store.get_sla(sla)
+        if row is None:
+            return 0
+        with contextlib.suppress(SlaError):
+            return parse_sla(row.yaml, sla).tune.trials
+        return 0
+
+    # ------------------------------------------------------------------ schedules
+    def tick_schedules(self, now: float) -> list[int]:
+        """Queue the nightly re-check (or tune, if nothing is promoted) of every SLA due."""
+        queued = []
+        for row in self.store.slas():
+            if row.next_check is None:
+                if row.promotion is not None:
+                    self.store.update_sla(row.name, next_check=next_run(row.schedule, now))
+                continue
+            if row.next_check > now:
+                continue
+            self.store.update_sla(row.name, next_check=next_run(row.schedule, now))
+            if self.store.jobs(states=("queued", "running"), sla=row.name):
+                continue  # already busy: the next night will check again
+            if row.promotion is None:
+                queued.append(self.enqueue_tune(row.name, row.engine))
+            else:
+                queued.append(self.store.enqueue("recheck", row.name, row.promotion["engine"]))
+        if queued:
+            self.wake.set()
+        return queued
+
+    # ------------------------------------------------------------------ engines
+    @staticmethod
+    def probe_engines() -> list[envs.EngineEnv | str]:
+        """Re-probe every registered engine (starts interpreters: call it off the loop).
+        Entries that fail to probe come back as their name."""
+        out: list[envs.EngineEnv | str] = []
+        for env in envs.list_envs():
+            try:
+                out.append(envs.refresh(env.name)[0])
+            except envs.EngineEnvError:
+                out.append(env.name)
+        return out
+
+    def scan_engines(
+        self, probed: list[envs.EngineEnv | str] | None = None
+    ) -> list[tuple[str, str | None, str]]:
+        """React to new engines and changed versions among ``probed`` (default: probe now).
+
+        Returns (name, previous version or None for a new engine, version) per change.
+        The very first scan of a fresh daemon only records what is there.
+        """
+        if probed is None:
+            probed = self.probe_engines()
+        seen = self.store.engines()
+        first = not seen and not self.store.slas()
+        changes: list[tuple[str, str | None, str]] = []
+        present = set()
+        for env in probed:
+            if isinstance(env, str):
+                present.add(env)
+                self.say(f"engine {env}: cannot probe its interpreter; skipped")
+                continue
+            present.add(env.name)
+            before = seen.get(env.name)
+            self.store.see_engine(env.name, env.version, env.distribution, env.device)
+            if before is None:
+                changes.append((env.name, None, env.version))
+            elif before["version"] != env.version:
+                changes.append((env.name, str(before["version"]), env.version))
+        for name in set(seen) - present:
+            self.store.forget_engine(name)
+        if first:
+            return []
+        for name, old_version, version in changes:
+            self._engine_changed(name, old_version, version)
+        return changes
+
+    def _engine_changed(self, name: str, old_version: str | None, version: str) -> None:
+        new_env = envs.get(name)
+        what = "registered" if old_version is None else f"changed from {old_version}"
+        self.say(f"engine {name} {what} ({version})")
+        for row in self.store.slas():
+            p = row.promotion
+            if not p:
+                continue
+            current = str(p["engine"])
+            try:
+                cur_env = envs.get(current)
+            except envs.EngineEnvError:
+                cur_env = None
+            if current == name:
+                # Upgraded in place: the old version is gone, so compare with what the
+                # promotion measured (the nightly re-check path), then re-tune.
+                self.alert(
+                    "engine_changed",
+                    row.name,
+                    "info",
+                    f"{row.name}: engine {name} changed from {old_version} to {version} in "
+                    "place; re-checking the promoted config against its recorded goodput",
+                    {"engine": name, "old_version": old_version, "new_version": version},
+                )
+                if not self.store.pending(row.name, "recheck"):
+                    self.store.enqueue("recheck", row.name, name, priority=1)
+                continue
+            if cur_env is None or cur_env.device != new_env.device or cur_env.kind != new_env.kind:
+                continue
+            if any(
+                j.kind == "regression" and j.args.get("new") == name
+                for j in self.store.jobs(states=("queued", "running"), sla=row.name)
+            ):
+                continue
+            self.store.enqueue(
+                "regression", row.name, name, args={"old": current, "new": name}, priority=1
+            )
+        self.wake.set()
+
+    # ------------------------------------------------------------------ spool
+    def scan_spool(self, min_age_s: float = 1.0) -> list[tuple[str, bool]]:
+        """Submit SLA files dropped into spool/; move each to done/ or failed/."""
+        spool = self.root / "spool"
+        out = []
+        now = time.time()
+        for f in sorted(spool.iterdir()):
+            if not f.is_file() or f.name.startswith(".") or f.suffix not in (".yaml", ".yml"):
+                continue
+            with contextlib.suppress(OSError):
+                if now - f.stat().st_mtime < min_age_s:
+                    continue  # maybe still being written
+            stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
+            try:
+                text = f.read_text(encoding="utf-8")
+                self.submit(text, source=f.name, base_dir=spool)
+            except (SubmitError, UnicodeDecodeError, OSError) as exc:
+                dest = spool / "failed" / f"{stamp}-{f.name}"
+                msg = "\n".join(exc.messages) if isinstance(exc, SubmitError) else str(exc)
+                os.replace(f, dest)
+                dest.with_name(dest.name + ".error.txt").write_text(msg + "\n")
+                out.append((f.name, False))
+                continue
+            os.replace(f, spool / "done" / f"{stamp}-{f.name}")
+            out.append((f.name, True))
+        return out
+
+    # ------------------------------------------------------------------ alerts
+    def alert(
+        self, kind: str, sla: str, severity: str, summary: str, details: dict[str, Any]
+    ) -> None:
+        self.store.add_alert(kind, sla, severity, summary, details)
+        self.say(f"ALERT {severity} {kind}: {summary}")
+        self.wake.set()
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        running = []
+        for job_id, run in self.running.items():
+            d = self.store.job(job_id)
+            running.append(
+                {
+                    **(d.to_dict() if d else {}),
+                    "devices": run.devices,
+                    "log": str(self.layout.log(job_id)),
+                    "log_tail": self._tail(job_id, 3).splitlines(),
+                }
+            )
+        return {
+            "daemon": {
+                "pid": os.getpid(),
+                "url": self.url,
+                "started": self.started,
+                "state_dir": str(self.root),
+                "stopping": self.stopping,
+            },
+            "running": running,
+            "queue": [
+                {**j.to_dict(), "waiting_for": self.waiting.get(j.id)}
+                for j in reversed(self.store.jobs(states=("queued",)))
+            ],
+            "leases": self.leases.snapshot(),
+            "slas": [
+                {
+                    "name": r.name,
+                    "engine": r.engine,
+                    "schedule": r.schedule,
+                    "next_check": r.next_check,
+                    "promotion": _brief(r.promotion),
+                    "fallback": _brief(r.fallback),
+                    "summary": r.summary,
+                }
+                for r in self.store.slas()
+            ],
+            "alerts": self.store.alerts(limit=10),
+            "engines": self.store.engines(),
+        }
+
+    # ------------------------------------------------------------------ main loop
+    async def run_loops(self) -> None:
+        """Dispatch, schedules, engines, spool and alerts until ``stop()``."""
+        last_engines = last_spool = last_sched = 0.0
+        async with aiohttp.ClientSession() as session:
+            while not self.stopping:
+                now = time.monotonic()
+                if now - last_engines >= self.config.engine_poll_s:
+                    last_engines = now
+                    await self._scan_engines_safely()
+                if now - last_spool >= self.config.spool_poll_s:
+                    last_spool = now
+                    self.scan_spool()
+                if now - last_sched >= 15.0:
+                    last_sched = now
+                    self.tick_schedules(time.time())
+                await self.dispatch()
+                await alerts.deliver_due(self.store, self.config.webhooks, session, self.url)
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+
+    async def _scan_engines_safely(self) -> None:
+        try:
+            probed = await asyncio.to_thread(self.probe_engines)
+            self.scan_engines(probed)
+        except Exception as exc:  # a broken registry must not stop the daemon
+            self.say(f"engine scan failed: {exc!r}")
+
+    async def stop(self) -> None:
+        """SIGTERM every job (they stop their engines and save their state), then return."""
+        self.stopping = True
+        for run in self.running.values():
+            run.stopping = True
+            _signal_session(run.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        for run in list(self.running.values()):
+            _kill_session(run.proc.pid, grace_s=1.0)
+        while self.running and time.monotonic() < deadline + 10:
+            await asyncio.sleep(0.1)
+
+
+def _brief(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not p:
+        return None
+    keys = ("engine", "engine_version", "label", "meets_sla", "goodput", "time", "bundle")
+    return {k: p.get(k) for k in keys}
+
+
+def _relative_paths(sla: Sla) -> list[str]:
+    bad = []
+    if sla.model.path is not None and not Path(sla.model.path).expanduser().is_absolute():
+        bad.append("model.path: must be absolute in a submission over HTTP")
+    if sla.workload.dataset is not None and not Path(sla.workload.dataset).is_absolute():
+        bad.append("workload.dataset: must be absolute in a submission over HTTP")
+    return bad
+
+
+def _same_process(pid: int, start: float | None) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return start is None or abs(proc.create_time() - start) < 1.0
+    except psutil.Error:
+        return False
+
+
+def _signal_session(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)  # jobs lead their own session: pgid == pid
+
+
+def _kill_session(pid: int, grace_s: float) -> None:
+    from autotuner.procs import kill_group
+
+    kill_group(pid, [], grace_s=grace_s)

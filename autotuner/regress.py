@@ -1,0 +1,345 @@
+"""Did a new engine version make a promoted config worse? (`autotuner compare-engines`)
+
+The promoted config is launched on the old and the new engine in interleaved replicates
+(old new, new old, ...), each measured once at the same load (the load the promotion was
+confirmed at). For each metric — goodput (higher is better), p99 TTFT and p99 TPOT (lower is
+better) — the relative change of the new engine's mean against the old one's gets a bootstrap
+confidence interval. A change counts only when the whole interval lies beyond the minimum
+effect AND the point estimate beyond the noise seen between replicates of one engine (the
+larger relative range of the two): an A/A comparison must not raise an alarm.
+
+Verdicts: ``regression`` (some metric worse and none better, or the config no longer starts
+on the new engine), ``improvement`` (some metric better, none worse), ``no_change``, and
+``not_enough_data`` (fewer than two measured replicates on an engine, or mixed signals).
+Replicates are appended to ``replicates.jsonl`` as they finish, so an interrupted check
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from autotuner import envs
+from autotuner.confirm import interleaved_order, spread
+from autotuner.engines.vllm import ParamValue
+from autotuner.paths import atomic_write_text
+
+Verdict = Literal["regression", "improvement", "no_change", "not_enough_data"]
+# metric -> +1 when higher is better, -1 when lower is better
+METRICS: dict[str, int] = {"goodput": 1, "p99_ttft_ms": -1, "p99_tpot_ms": -1}
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Sample:
+    engine: str  # "old" or "new"
+    replicate: int
+    started: bool  # the engine came up and was measured
+    metrics: dict[str, float | None]
+    feasible: bool = False
+    cause: str | None = None  # why it did not start / was not measured
+    run_dir: str = ""
+
+
+@dataclass(frozen=True)
+class MetricChange:
+    metric: str
+    old_mean: float | None
+    new_mean: float | None
+    change: float | None  # relative, (new - old) / old
+    ci_low: float | None
+    ci_high: float | None
+    threshold: float  # what |change| had to exceed
+    direction: Literal["better", "worse", "same", "unknown"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    reason: str
+    changes: list[MetricChange] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        parts = [
+            f"{c.metric} {c.change:+.1%} [{c.ci_low:+.1%}, {c.ci_high:+.1%}]"
+            for c in self.changes
+            if c.change is not None and c.ci_low is not None and c.ci_high is not None
+        ]
+        return f"{self.verdict}: {self.reason}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _bootstrap_change(
+    old: Sequence[float], new: Sequence[float], rng: np.random.Generator, n: int = 4000
+) -> tuple[float, float]:
+    """90 % percentile interval of mean(new)/mean(old) - 1 over resampled replicates."""
+    a = np.asarray(old, dtype=float)
+    b = np.asarray(new, dtype=float)
+    ma = a[rng.integers(0, len(a), size=(n, len(a)))].mean(axis=1)
+    mb = b[rng.integers(0, len(b), size=(n, len(b)))].mean(axis=1)
+    ok = ma > 0
+    ratio = mb[ok] / ma[ok] - 1.0
+    if ratio.size == 0:
+        return (float("nan"), float("nan"))
+    return float(np.percentile(ratio, 5)), float(np.percentile(ratio, 95))
+
+
+def compare_metric(
+    metric: str,
+    old: Sequence[float],
+    new: Sequence[float],
+    min_effect: float,
+    rng: np.random.Generator,
+) -> MetricChange:
+    sign = METRICS[metric]
+    if len(old) < 2 or len(new) < 2:
+        return MetricChange(metric, None, None, None, None, None, min_effect, "unknown")
+    old_mean, new_mean = float(np.mean(old)), float(np.mean(new))
+    threshold = max(min_effect, spread(old), spread(new))
+    if old_mean <= 0:
+        # Nothing was served well on the old engine: only "better" can be said, and only
+        # when the new one served something in every replicate.
+        direction: Literal["better", "worse", "same", "unknown"] = (
+            "better" if sign > 0 and min(new) > 0 else "same"
+        )
+        return MetricChange(metric, old_mean, new_mean, None, None, None, threshold, direction)
+    change = new_mean / old_mean - 1.0
+    low, high = _bootstrap_change(old, new, rng)
+    direction = "same"
+    if low > min_effect and change > threshold:
+        direction = "better" if sign > 0 else "worse"
+    elif high < -min_effect and change < -threshold:
+        direction = "worse" if sign > 0 else "better"
+    return MetricChange(metric, old_mean, new_mean, change, low, high, threshold, direction)
+
+
+def decide(samples: Sequence[Sample], min_effect: float, seed: int = 0) -> Outcome:
+    """The verdict from interleaved samples of both engines (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    started = {e: [s for s in samples if s.engine == e and s.started] for e in ("old", "new")}
+    tried = {e: [s for s in samples if s.engine == e] for e in ("old", "new")}
+    counts = {f"{e}_{k}": len(v[e]) for e in ("old", "new") for k, v in (("tried", tried),)}
+    counts.update({f"{e}_measured": len(started[e]) for e in ("old", "new")})
+    if len(started["old"]) >= 2 and tried["new"] and not started["new"]:
+        causes = sorted({s.cause or "unknown" for s in tried["new"]})
+        return Outcome(
+            "regression",
+            f"the promoted config no longer starts on the new engine ({', '.join(causes)}) "
+            f"while it started {len(started['old'])} times on the old one",
+            [],
+            counts,
+        )
+    if len(started["old"]) < 2 or len(started["new"]) < 2:
+        return Outcome(
+            "not_enough_data",
+            f"measured {len(started['old'])} replicate(s) on the old engine and "
+            f"{len(started['new'])} on the new one; at least 2 each are needed",
+            [],
+            counts,
+        )
+    changes = []
+    for metric in METRICS:
+        old = [v for s in started["old"] if (v := s.metrics.get(metric)) is not None]
+        new = [v for s in started["new"] if (v := s.metrics.get(metric)) is not None]
+        changes.append(compare_metric(metric, old, new, min_effect, rng))
+    worse = [c.metric for c in changes if c.direction == "worse"]
+    better = [c.metric for c in changes if c.direction == "better"]
+    if worse and better:
+        return Outcome(
+            "not_enough_data",
+            f"mixed: worse in {', '.join(worse)}, better in {', '.join(better)}",
+            changes,
+            counts,
+        )
+    if worse:
+        return Outcome(
+            "regression", f"worse beyond the noise in {', '.join(worse)}", changes, counts
+        )
+    if better:
+        return Outcome(
+            "improvement", f"better beyond the noise in {', '.join(better)}", changes, counts
+        )
+    return Outcome(
+        "no_change",
+        f"no metric moved by more than the minimum effect {min_effect:.0%} and the noise",
+        changes,
+        counts,
+    )
+
+
+# --------------------------------------------------------------------------- running it
+
+RunOne = Callable[[str, Path], Sample]
+
+
+def run_replicates(
+    engines: Sequence[str], replicates: int, work_dir: Path, run_one: RunOne, say: Say
+) -> list[Sample]:
+    """Interleaved launches; finished ones are kept in ``replicates.jsonl`` and not re-run."""
+    journal = work_dir / "replicates.jsonl"
+    done: dict[tuple[str, int], Sample] = {}
+    if journal.is_file():
+        for line in journal.read_text().splitlines():
+            if line.strip():
+                s = Sample(**json.loads(line))
+                done[(s.engine, s.replicate)] = s
+    plan = interleaved_order(list(engines), replicates)
+    for i, (r, engine) in enumerate(plan, 1):
+        if (engine, r) in done:
+            continue
+        say(f"replicate {i}/{len(plan)}: {engine} engine, replicate {r + 1}")
+        sample = run_one(engine, work_dir / f"{engine}-r{r}")
+        sample = Sample(**{**asdict(sample), "engine": engine, "replicate": r})
+        with journal.open("a") as f:
+            f.write(json.dumps(asdict(sample)) + "\n")
+        done[(engine, r)] = sample
+        g = sample.metrics.get("goodput")
+        say(
+            f"  -> {'not measured: ' + (sample.cause or '?') if not sample.started else ''}"
+            f"{'' if g is None else f'goodput {g:.2f}, '}"
+            f"p99 TTFT {_fmt(sample.metrics.get('p99_ttft_ms'))} ms, "
+            f"p99 TPOT {_fmt(sample.metrics.get('p99_tpot_ms'))} ms"
+        )
+    return [done[(e, r)] for r, e in plan]
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _promoted(bundle: Path) -> tuple[dict[str, ParamValue], float | None, str]:
+    manifest = json.loads((bundle / "optimization_manifest.json").read_text())
+    promoted = manifest.get("promoted") or {}
+    params = dict(promoted.get("params") or {})
+    confirmation = (manifest.get("measurements") or {}).get("confirmation") or {}
+    load = confirmation.get("load")
+    return params, (float(load) if load else None), str(promoted.get("label", "?"))
+
+
+def compare_engines(
+    sla_path: str,
+    bundle: Path,
+    old: str,
+    new: str,
+    *,
+    replicates: int,
+    min_effect: float,
+    work_dir: Path,
+    say: Say,
+) -> dict[str, Any]:
+    """Run the check and write ``result.json`` into ``work_dir``. Returns that result."""
+    from autotuner.bench import resolve_model
+    from autotuner.promote import _sla_load
+    from autotuner.sla import load_sla
+    from autotuner.trial import SearchSettings, run_trial
+
+    sla = load_sla(sla_path)
+    params, load, label = _promoted(bundle)
+    load = load or _sla_load(sla)
+    pythons = {"old": envs.get(old).python, "new": envs.get(new).python}
+    versions = {k: envs.probe_version(p) for k, p in pythons.items()}
+    model_dir = resolve_model(sla, say)
+    cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
+    say(
+        f"comparing {label} of {sla.name} on {old} ({' '.join(versions['old'])}) and {new} "
+        f"({' '.join(versions['new'])}) at {load:g}: {replicates} replicate(s) each, interleaved"
+    )
+
+    def run_one(engine: str, run_dir: Path) -> Sample:
+        res = run_trial(
+            params,
+            sla,
+            python=pythons[engine],
+            model_dir=model_dir,
+            run_dir=run_dir,
+            cuda_devices=cuda,
+            settings=SearchSettings(max_levels=1, start_load=load),
+            say=say,
+        )
+        level = res.levels[0] if res.levels else None
+        return Sample(
+            engine,
+            0,
+            started=level is not None,
+            metrics={k: level.metrics.get(k) for k in METRICS} if level else {},
+            feasible=bool(level and level.feasible),
+            cause=None if level else (res.cause or res.reason),
+            run_dir=str(run_dir),
+        )
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    samples = run_replicates(["old", "new"], replicates, work_dir, run_one, say)
+    outcome = decide(samples, min_effect)
+    result = {
+        "sla": sla.name,
+        "config": label,
+        "params": params,
+        "load": load,
+        "old": {"name": old, "version": " ".join(versions["old"])},
+        "new": {"name": new, "version": " ".join(versions["new"])},
+        "replicates": replicates,
+        "min_effect": min_effect,
+        **outcome.to_dict(),
+        "samples": [asdict(s) for s in samples],
+    }
+    atomic_write_text(work_dir / "result.json", json.dumps(result, indent=2))
+    say(outcome.summary())
+    return result
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main_compare(
+    sla_path: str,
+    bundle: str,
+    old: str,
+    new: str,
+    replicates: int,
+    min_effect: float,
+    work_dir: str,
+    fail_on_regression: bool,
+) -> int:
+    """CLI handler. 0: verdict written; 1: regression (with --fail-on-regression); 2: bad
+    input; 130: interrupted (run it again to resume)."""
+    from autotuner.sla import SlaError
+
+    def say(msg: str) -> None:
+        print(msg, flush=True)
+
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        result = compare_engines(
+            sla_path,
+            Path(bundle),
+            old,
+            new,
+            replicates=replicates,
+            min_effect=min_effect,
+            work_dir=Path(work_dir),
+            say=say,
+        )
+    except SlaError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except (envs.EngineEnvError, FileNotFoundError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: engines stopped; run the same command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 1 if fail_on_regression and result["verdict"] == "regression" else 0
