@@ -3,10 +3,11 @@
 The promoted config is launched on the old and the new engine in interleaved replicates
 (old new, new old, ...), each measured once at the same load (the load the promotion was
 confirmed at). For each metric — goodput (higher is better), p99 TTFT and p99 TPOT (lower is
-better) — the relative change of the new engine's mean against the old one's gets a bootstrap
-confidence interval. A change counts only when the whole interval lies beyond the minimum
-effect AND the point estimate beyond the noise seen between replicates of one engine (the
-larger relative range of the two): an A/A comparison must not raise an alarm.
+better) — the ratio of the new engine's geometric mean to the old one's gets a 99 %
+confidence interval from a pooled t-test on log values, so the noise between replicates of
+one engine sets the interval's width. A change counts only when the whole interval lies
+beyond the minimum effect: an A/A comparison must (almost) never raise an alarm (simulated:
+under 1 % with 5 % run-to-run noise), and with few replicates only large changes count.
 
 Verdicts: ``regression`` (some metric worse and none better, or the config no longer starts
 on the new engine), ``improvement`` (some metric better, none worse), ``no_change``, and
@@ -28,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from autotuner import envs
-from autotuner.confirm import interleaved_order, spread
+from autotuner.confirm import interleaved_order
 from autotuner.engines.vllm import ParamValue
 from autotuner.paths import atomic_write_text
 
@@ -57,7 +58,7 @@ class MetricChange:
     change: float | None  # relative, (new - old) / old
     ci_low: float | None
     ci_high: float | None
-    threshold: float  # what |change| had to exceed
+    threshold: float  # the minimum effect the interval had to clear
     direction: Literal["better", "worse", "same", "unknown"]
 
 
@@ -73,60 +74,82 @@ class Outcome:
 
     def summary(self) -> str:
         parts = [
-            f"{c.metric} {c.change:+.1%} [{c.ci_low:+.1%}, {c.ci_high:+.1%}]"
+            f"{c.metric} {c.change:+.1%} (99% CI {c.ci_low:+.1%}..{c.ci_high:+.1%})"
             for c in self.changes
             if c.change is not None and c.ci_low is not None and c.ci_high is not None
         ]
         return f"{self.verdict}: {self.reason}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def _bootstrap_change(
-    old: Sequence[float], new: Sequence[float], rng: np.random.Generator, n: int = 4000
-) -> tuple[float, float]:
-    """90 % percentile interval of mean(new)/mean(old) - 1 over resampled replicates."""
-    a = np.asarray(old, dtype=float)
-    b = np.asarray(new, dtype=float)
-    ma = a[rng.integers(0, len(a), size=(n, len(a)))].mean(axis=1)
-    mb = b[rng.integers(0, len(b), size=(n, len(b)))].mean(axis=1)
-    ok = ma > 0
-    ratio = mb[ok] / ma[ok] - 1.0
-    if ratio.size == 0:
-        return (float("nan"), float("nan"))
-    return float(np.percentile(ratio, 5)), float(np.percentile(ratio, 95))
+# Student t quantiles at 0.995 (one-sided 0.5 %, a 99 % two-sided interval) by degrees of
+# freedom; between rows the next smaller df is used (conservative).
+_T995 = {
+    1: 63.657,
+    2: 9.925,
+    3: 5.841,
+    4: 4.604,
+    5: 4.032,
+    6: 3.707,
+    7: 3.499,
+    8: 3.355,
+    9: 3.250,
+    10: 3.169,
+    12: 3.055,
+    15: 2.947,
+    20: 2.845,
+    30: 2.750,
+    40: 2.704,
+    60: 2.660,
+}
+
+
+def t995(df: int) -> float:
+    return _T995[max(k for k in _T995 if k <= df)]
+
+
+def _log_interval(old: Sequence[float], new: Sequence[float]) -> tuple[float, float, float]:
+    """Ratio new/old of geometric means and its 99 % interval (pooled t on log values).
+
+    Logs make the test scale-free (a 10 % change means the same at 2 req/s and at 200), and
+    the t quantile with 2n - 2 degrees of freedom makes few replicates pay for themselves:
+    with two per engine only a large change clears it.
+    """
+    a, b = np.log(np.asarray(old, dtype=float)), np.log(np.asarray(new, dtype=float))
+    df = len(a) + len(b) - 2
+    pooled = ((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / df
+    se = float(np.sqrt(pooled * (1 / len(a) + 1 / len(b))))
+    d = float(b.mean() - a.mean())
+    h = t995(df) * se
+    return float(np.exp(d) - 1), float(np.exp(d - h) - 1), float(np.exp(d + h) - 1)
 
 
 def compare_metric(
-    metric: str,
-    old: Sequence[float],
-    new: Sequence[float],
-    min_effect: float,
-    rng: np.random.Generator,
+    metric: str, old: Sequence[float], new: Sequence[float], min_effect: float
 ) -> MetricChange:
+    """Better/worse only when the whole 99 % interval lies beyond ``min_effect``."""
     sign = METRICS[metric]
     if len(old) < 2 or len(new) < 2:
         return MetricChange(metric, None, None, None, None, None, min_effect, "unknown")
     old_mean, new_mean = float(np.mean(old)), float(np.mean(new))
-    threshold = max(min_effect, spread(old), spread(new))
-    if old_mean <= 0:
-        # Nothing was served well on the old engine: only "better" can be said, and only
-        # when the new one served something in every replicate.
-        direction: Literal["better", "worse", "same", "unknown"] = (
-            "better" if sign > 0 and min(new) > 0 else "same"
-        )
-        return MetricChange(metric, old_mean, new_mean, None, None, None, threshold, direction)
-    change = new_mean / old_mean - 1.0
-    low, high = _bootstrap_change(old, new, rng)
+    if min(old) <= 0 or min(new) <= 0:
+        # Nothing served within the SLOs in some run (goodput 0): only all-or-nothing counts.
+        direction: Literal["better", "worse", "same", "unknown"] = "unknown"
+        if max(old) <= 0 < min(new):
+            direction = "better" if sign > 0 else "worse"
+        elif max(new) <= 0 < min(old):
+            direction = "worse" if sign > 0 else "better"
+        return MetricChange(metric, old_mean, new_mean, None, None, None, min_effect, direction)
+    change, low, high = _log_interval(old, new)
     direction = "same"
-    if low > min_effect and change > threshold:
+    if low > min_effect:
         direction = "better" if sign > 0 else "worse"
-    elif high < -min_effect and change < -threshold:
+    elif high < -min_effect:
         direction = "worse" if sign > 0 else "better"
-    return MetricChange(metric, old_mean, new_mean, change, low, high, threshold, direction)
+    return MetricChange(metric, old_mean, new_mean, change, low, high, min_effect, direction)
 
 
-def decide(samples: Sequence[Sample], min_effect: float, seed: int = 0) -> Outcome:
+def decide(samples: Sequence[Sample], min_effect: float) -> Outcome:
     """The verdict from interleaved samples of both engines (see the module docstring)."""
-    rng = np.random.default_rng(seed)
     started = {e: [s for s in samples if s.engine == e and s.started] for e in ("old", "new")}
     tried = {e: [s for s in samples if s.engine == e] for e in ("old", "new")}
     counts = {f"{e}_{k}": len(v[e]) for e in ("old", "new") for k, v in (("tried", tried),)}
@@ -152,7 +175,7 @@ def decide(samples: Sequence[Sample], min_effect: float, seed: int = 0) -> Outco
     for metric in METRICS:
         old = [v for s in started["old"] if (v := s.metrics.get(metric)) is not None]
         new = [v for s in started["new"] if (v := s.metrics.get(metric)) is not None]
-        changes.append(compare_metric(metric, old, new, min_effect, rng))
+        changes.append(compare_metric(metric, old, new, min_effect))
     worse = [c.metric for c in changes if c.direction == "worse"]
     better = [c.metric for c in changes if c.direction == "better"]
     if worse and better:
