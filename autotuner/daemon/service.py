@@ -347,7 +347,11 @@ class Daemon:
             start_new_session=True,
             preexec_fn=set_parent_death_signal,
         )
-        self.store.set_pid(job.id, proc.pid, psutil.Process(proc.pid).create_time())
+        try:
+            born = psutil.Process(proc.pid).create_time()
+        except psutil.Error:  # already gone (it failed at once): its exit is handled below
+            born = time.time()
+        self.store.set_pid(job.id, proc.pid, born)
         fresh = self.store.job(job.id)
         assert fresh is not None
         run = Running(fresh, proc, devices, log)
