@@ -41,7 +41,8 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         resp.headers["WWW-Authenticate"] = 'Bearer realm="autotuner"'
         return resp
     scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), daemon.token):
+    given = given.strip()
+    if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given, daemon.token):
         return _error(403, ["invalid token"])
     return await handler(request)
 

@@ -50,6 +50,7 @@ class DaemonConfig(_Strict):
     state_dir: Path = Field(default_factory=lambda: paths.home() / "daemon")
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    external_url: str | None = None  # how alert receivers reach the API (default: the bind)
     schedule: str = "0 2 * * *"  # nightly re-check of every SLA; per SLA overridable at submit
     spool_poll_s: float = Field(default=2.0, gt=0)
     engine_poll_s: float = Field(default=300.0, gt=0)  # how often engines are re-probed

@@ -20,6 +20,15 @@ from prometheus_client.registry import Collector
 from autotuner.daemon.store import JOB_KINDS, JOB_STATES, Store
 
 VERDICTS = ("regression", "improvement", "no_change", "not_enough_data")
+ALERT_KINDS = (
+    "engine_regression",
+    "sla_violation",
+    "throughput_regression",
+    "sla_infeasible",
+    "retune_not_promoted",
+    "job_failed",
+    "engine_changed",
+)
 TRIAL_STATES = ("COMPLETE", "FAIL", "PRUNED", "RUNNING", "WAITING")
 
 METRIC_NAMES = (
@@ -35,6 +44,10 @@ METRIC_NAMES = (
     "autotuner_engine_info",
     "autotuner_alerts",
     "autotuner_alerts_undelivered",
+    "autotuner_alerts_given_up",
+    "autotuner_last_check_timestamp_seconds",
+    "autotuner_last_check_meets_sla",
+    "autotuner_last_check_goodput",
     "autotuner_device_leased",
     "autotuner_daemon_start_time_seconds",
 )
@@ -127,9 +140,37 @@ class StoreCollector(Collector):
         yield info
 
         alerts = GaugeMetricFamily("autotuner_alerts", "Alerts raised, by kind", labels=["kind"])
-        for akind, n in sorted(s.alert_counts().items()):
-            alerts.add_metric([akind], n)
+        counted = s.alert_counts()
+        for akind in sorted({*ALERT_KINDS, *counted}):  # every kind from 0: increase() works
+            alerts.add_metric([akind], counted.get(akind, 0))
         yield alerts
+        yield GaugeMetricFamily(
+            "autotuner_alerts_given_up",
+            "Alerts no webhook accepted within max_attempts (they are not retried)",
+            value=s.alerts_given_up(),
+        )
+        when = GaugeMetricFamily(
+            "autotuner_last_check_timestamp_seconds",
+            "Unix time the last re-check of the promoted config finished",
+            labels=["sla"],
+        )
+        met = GaugeMetricFamily(
+            "autotuner_last_check_meets_sla",
+            "1 if the last re-check met the SLA, else 0",
+            labels=["sla"],
+        )
+        measured = GaugeMetricFamily(
+            "autotuner_last_check_goodput",
+            "Goodput the last re-check measured",
+            labels=["sla"],
+        )
+        for job in s.last_rechecks():
+            out = job.outcome or {}
+            when.add_metric([job.sla], float(job.finished or 0.0))
+            met.add_metric([job.sla], 1.0 if out.get("meets_sla") else 0.0)
+            if isinstance(out.get("goodput"), int | float):
+                measured.add_metric([job.sla], float(out["goodput"]))
+        yield from (when, met, measured)
         yield GaugeMetricFamily(
             "autotuner_alerts_undelivered",
             "Alerts not yet accepted by every webhook",

@@ -63,14 +63,26 @@ class Running:
 
 
 def _token(path: Path) -> str:
-    """Read the API token, creating it (mode 0600, never wider) on first start."""
+    """Read the API token, creating it (mode 0600, never wider) on first start.
+
+    An empty or too short file (a first start that died mid-write) gets a new token: an empty
+    one would let ``Authorization: Bearer`` with nothing after it through.
+    """
     with contextlib.suppress(FileExistsError):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32) + "\n")
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o600)
-    return path.read_text().strip()
+    token = path.read_text().strip()
+    if len(token) < 16:
+        token = secrets.token_urlsafe(32)
+        tmp = path.with_name(path.name + ".new")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.replace(tmp, path)
+    return token
 
 
 def next_run(cron: str, after: float) -> float:
@@ -145,7 +157,8 @@ class Daemon:
         return back
 
     def write_address(self, host: str, port: int) -> None:
-        self.url = f"http://{host}:{port}"
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        self.url = f"http://{shown}:{port}"
         info = {"url": self.url, "pid": os.getpid(), "started": self.started}
         atomic_write_text(self.root / "daemon.json", json.dumps(info) + "\n")
 
@@ -748,7 +761,9 @@ class Daemon:
                     last_sched = now
                     self.tick_schedules(time.time())
                 await self.dispatch()
-                await alerts.deliver_due(self.store, self.config.webhooks, session, self.url)
+                await alerts.deliver_due(
+                    self.store, self.config.webhooks, session, self.config.external_url or self.url
+                )
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout=1.0)

@@ -374,6 +374,18 @@ class Store:
         rows = self._db.execute("SELECT kind, COUNT(*) AS n FROM alerts GROUP BY kind")
         return {r["kind"]: int(r["n"]) for r in rows}
 
+    def alerts_given_up(self) -> int:
+        row = self._db.execute("SELECT COUNT(*) AS n FROM alerts WHERE delivered=-1").fetchone()
+        return int(row["n"])
+
+    def last_rechecks(self) -> list[Job]:
+        """The newest finished re-check of each SLA."""
+        rows = self._db.execute(
+            "SELECT * FROM jobs WHERE id IN (SELECT MAX(id) FROM jobs WHERE kind='recheck' "
+            "AND state='done' GROUP BY sla)"
+        )
+        return [_job(r) for r in rows]
+
     # ------------------------------------------------------------------ engines
     def engines(self) -> dict[str, dict[str, Any]]:
         return {r["name"]: dict(r) for r in self._db.execute("SELECT * FROM engines")}

@@ -656,3 +656,45 @@ def test_pinned_sla_names_the_engine_and_has_absolute_paths(tmp_path: Path) -> N
     assert pinned.engine.name == "eng-b" and pinned.engine.python is None
     assert pinned.model.path == str(tmp_path / "m")
     assert pinned.workload == sla.workload and pinned.constraints == sla.constraints
+
+
+def test_an_empty_token_file_gets_a_new_token(tmp_path: Path, registry: Any) -> None:
+    state = tmp_path / "s"
+    state.mkdir()
+    (state / "token").write_text("\n")  # a first start that died mid-write
+    (state / "token").chmod(0o644)
+    d = Daemon(DaemonConfig(state_dir=state), say=lambda _: None)
+    try:
+        assert len(d.token) >= 32
+        assert (state / "token").read_text().strip() == d.token
+        assert stat.S_IMODE((state / "token").stat().st_mode) == 0o600
+
+        async def go() -> None:
+            client = await _client(d)
+            try:
+                r = await client.get("/v1/status", headers={"Authorization": "Bearer"})
+                assert r.status == 403
+                r = await client.get("/v1/status", headers={"Authorization": "Bearer "})
+                assert r.status == 403
+            finally:
+                await client.close()
+
+        _run(go())
+    finally:
+        d.close()
+
+
+def test_metrics_export_rechecks_given_up_alerts_and_every_alert_kind(daemon: Daemon) -> None:
+    from autotuner.daemon.metrics import StoreCollector, make_registry, render
+
+    daemon.submit(SLA.format(name="p"), source="p.yaml", base_dir=None)
+    job = daemon.store.enqueue("recheck", "p", "eng-a")
+    daemon.store.finish(job, "done", outcome={"meets_sla": False, "goodput": 1.25})
+    a = daemon.store.add_alert("sla_violation", "p", "critical", "x", {})
+    daemon.store.give_up_alert(a, "unreachable")
+    text = render(make_registry(StoreCollector(daemon.store, dict, 0.0))).decode()
+    assert 'autotuner_last_check_meets_sla{sla="p"} 0.0' in text
+    assert 'autotuner_last_check_goodput{sla="p"} 1.25' in text
+    assert "autotuner_alerts_given_up 1.0" in text
+    assert 'autotuner_alerts{kind="engine_regression"} 0.0' in text  # present before the first
+    assert 'autotuner_alerts{kind="sla_violation"} 1.0' in text

