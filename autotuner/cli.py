@@ -46,6 +46,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="re-tune: allow N launches beyond those the study has already counted",
     )
+    t.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one trial at a time here; ray: trials as Ray tasks, concurrently on "
+        "every free GPU set of a Ray cluster (needs the `ray` extra)",
+    )
+    t.add_argument(
+        "--address",
+        help="Ray cluster address (e.g. auto, ray://head:10001); default: start a local Ray",
+    )
 
     r = sub.add_parser("report", help="show a study: trials, Pareto front, promoted config")
     r.add_argument("study", help="study directory, SLA file, or study name")
@@ -128,7 +139,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "tune":
         from autotuner.tune import main_tune
 
-        return main_tune(args.sla, args.trials_dir, args.trials, args.extra_trials)
+        return main_tune(
+            args.sla, args.trials_dir, args.trials, args.extra_trials, args.executor, args.address
+        )
     if args.command == "compare-engines":
         from autotuner.regress import main_compare
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.engines.vllm import ParamValue
+from autotuner.executors import Executor, LocalExecutor, RunTrial
 from autotuner.sla import Sla
 from autotuner.space import ParamValue as GridValue
 from autotuner.trial import TrialResult
 
 Say = Callable[[str], None]
-RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
 
 ROLE = "role"  # user attr: "baseline", "candidate"
 CONFIG_KEY = "config_key"  # user attr: canonical JSON of the full engine params
@@ -270,6 +270,17 @@ def _fmt(v: Any, unit: str = "") -> str:
     return "-" if v is None else f"{v:.2f}{unit}"
 
 
+@dataclass
+class _Pending:
+    """A trial asked from the study and handed to the executor."""
+
+    trial: optuna.Trial
+    params: dict[str, ParamValue]
+    baseline: bool
+    trial_dir: Path
+    started: float
+
+
 class StudyRunner:
     """Runs the ask/tell loop of one study until its budget is spent."""
 
@@ -282,10 +293,11 @@ class StudyRunner:
         suggest: Callable[[optuna.Trial], dict[str, ParamValue]],
         fixed: Mapping[str, ParamValue],
         prune: Callable[[dict[str, ParamValue]], str | None],
-        run: RunTrial,
+        run: RunTrial | None = None,
         budget: Budget,
         on_crash: Callable[[dict[str, ParamValue], str], None] = lambda p, c: None,
         say: Say = print,
+        executor: Executor | None = None,
     ) -> None:
         self.sla = sla
         self.study = study
@@ -293,7 +305,11 @@ class StudyRunner:
         self.suggest = suggest
         self.fixed = dict(fixed)
         self.prune = prune
-        self.run = run
+        if executor is None:
+            if run is None:
+                raise ValueError("StudyRunner needs run= or executor=")
+            executor = LocalExecutor(run)
+        self.executor = executor
         self.budget = budget
         self.on_crash = on_crash
         self.say = say
@@ -317,23 +333,61 @@ class StudyRunner:
         waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         return not waiting and sampler.is_exhausted(self.study)
 
+    def _stop_reason(self, skips: int) -> str | None:
+        if self.grid_done():
+            return "grid done: every point was measured, pruned or reused"
+        if skips >= MAX_CONSECUTIVE_SKIPS:
+            return (
+                f"stopping: {skips} suggestions in a row were pruned or repeats "
+                "(the search space is exhausted or too constrained)"
+            )
+        return None
+
     def loop(self) -> None:
+        """Keep the executor busy (up to its capacity) until the budget is spent.
+
+        With more than one trial in flight, Optuna's sampler sees the running ones (TPE's
+        constant liar keeps it from suggesting the same region twice).
+        """
         skips = 0
-        while self.spent() < self.budget.trials and self.time_left():
-            if self.grid_done():
-                self.say("grid done: every point was measured, pruned or reused")
+        in_flight: dict[Hashable, _Pending] = {}
+        stop: str | None = None
+        while True:
+            while (
+                stop is None
+                and len(in_flight) < self.executor.capacity()
+                and self.spent() + len(in_flight) < self.budget.trials
+                and self.time_left()
+            ):
+                stop = self._stop_reason(skips)
+                if stop is not None:
+                    break
+                pending = self.prepare()
+                if pending is None:
+                    skips += 1
+                    continue
+                skips = 0
+                in_flight[self.executor.submit(pending.params, pending.trial_dir)] = pending
+            if not in_flight:
                 break
-            if skips >= MAX_CONSECUTIVE_SKIPS:
-                self.say(
-                    f"stopping: {skips} suggestions in a row were pruned or repeats "
-                    "(the search space is exhausted or too constrained)"
-                )
-                break
-            launched = self.step()
-            skips = 0 if launched else skips + 1
+            for handle, result in self.executor.wait_any():
+                self.finish(in_flight.pop(handle), result)
+        if stop is not None:
+            self.say(stop)
 
     def step(self) -> bool:
         """Ask one trial and settle it. Returns whether an engine was launched."""
+        pending = self.prepare()
+        if pending is None:
+            return False
+        handle = self.executor.submit(pending.params, pending.trial_dir)
+        for h, result in self.executor.wait_any():
+            assert h == handle
+            self.finish(pending, result)
+        return True
+
+    def prepare(self) -> _Pending | None:
+        """Ask one trial; settle it at once (reused, pruned) or return it to launch."""
         trial = self.study.ask()
         baseline = not baseline_done(self.study) and not self._baseline_running(trial)
         if baseline:
@@ -349,15 +403,21 @@ class StudyRunner:
         earlier = self._earlier(key, trial.number)
         if earlier is not None:
             self._reuse(trial, earlier)
-            return False
+            return None
         if not baseline:
             reason = self.prune(params)
             if reason:
                 trial.set_user_attr("reason", reason)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 self.say(f"trial {trial.number}: pruned before launch: {reason}")
-                return False
-        return self._launch(trial, params, baseline)
+                return None
+        n_done = self.spent() + 1
+        role = "baseline (engine defaults)" if baseline else "candidate"
+        tuned = {k: v for k, v in params.items() if k not in self.fixed} or "engine defaults"
+        where = "" if self.executor.name == "local" else f" [{self.executor.name}]"
+        self.say(f"trial {trial.number} ({n_done}/{self.budget.trials}, {role}){where}: {tuned}")
+        trial_dir = self.dir / f"trial-{trial.number:03d}"
+        return _Pending(trial, params, baseline, trial_dir, time.monotonic())
 
     def _baseline_running(self, trial: optuna.Trial) -> bool:
         return any(
@@ -383,23 +443,18 @@ class StudyRunner:
         self.study.tell(trial, earlier.values)
         self.say(f"trial {trial.number}: same config as trial {earlier.number}; result reused")
 
-    def _launch(self, trial: optuna.Trial, params: dict[str, ParamValue], baseline: bool) -> bool:
-        n_done = self.spent() + 1
-        role = "baseline (engine defaults)" if baseline else "candidate"
-        tuned = {k: v for k, v in params.items() if k not in self.fixed} or "engine defaults"
-        self.say(f"trial {trial.number} ({n_done}/{self.budget.trials}, {role}): {tuned}")
-        trial_dir = self.dir / f"trial-{trial.number:03d}"
-        started = time.monotonic()
-        result = self.run(params, trial_dir)
-        self.launch_times.append(time.monotonic() - started)
-        rel = str((trial_dir / "trial.json").relative_to(self.dir))
-        state = tell_result(self.study, trial, result, self.sla, rel)
+    def finish(self, pending: _Pending, result: TrialResult) -> None:
+        """Tell the study what a launch measured."""
+        self.launch_times.append(time.monotonic() - pending.started)
+        rel = str((pending.trial_dir / "trial.json").relative_to(self.dir))
+        state = tell_result(self.study, pending.trial, result, self.sla, rel)
         if result.status == "failed":
-            self.on_crash(params, result.cause or "other")
-            self.say(f"  launch failed ({result.cause}): {result.reason}")
+            self.on_crash(pending.params, result.cause or "other")
+            self.say(
+                f"  trial {pending.trial.number}: launch failed ({result.cause}): {result.reason}"
+            )
         else:
-            self._report(trial.number, result, state)
-        return True
+            self._report(pending.trial.number, result, state)
 
     def _report(self, number: int, result: TrialResult, state: TrialState) -> None:
         verdict = "meets the SLA" if result.feasible else f"infeasible: {result.reason}"

@@ -130,7 +130,13 @@ def memory_limit_reason(
 
 
 def tune(
-    sla: Sla, *, trials_dir: Path, budget_trials: int | None = None, extra_trials: int = 0
+    sla: Sla,
+    *,
+    trials_dir: Path,
+    budget_trials: int | None = None,
+    extra_trials: int = 0,
+    executor: str = "local",
+    address: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the study of ``sla`` and promote. Returns the manifest.
 
@@ -218,6 +224,13 @@ def tune(
     def crashed(params: dict[str, ParamValue], cause: str) -> None:
         memory.record(params, cause)
 
+    remote = None
+    if executor == "ray":
+        from autotuner.ray_executor import RayExecutor
+
+        remote = RayExecutor(
+            sla, python=python, model_dir=model_dir, settings=settings, address=address, say=_say
+        )
     runner = StudyRunner(
         sla,
         study,
@@ -229,29 +242,38 @@ def tune(
         budget=budget,
         on_crash=crashed,
         say=_say,
+        executor=remote,
     )
     started = time.monotonic()
-    runner.loop()
-    _say(
-        f"search done: {runner.spent()} launches counted ({time.monotonic() - started:.0f} s "
-        "this run)"
-    )
-
-    def confirm_run(params: Mapping[str, ParamValue], run_dir: Path, load: float) -> TrialResult:
-        one = SearchSettings(max_levels=1, start_load=load)
-        return run_trial(
-            params,
-            sla,
-            python=python,
-            model_dir=model_dir,
-            run_dir=run_dir,
-            cuda_devices=cuda,
-            settings=one,
-            say=_say,
+    try:
+        runner.loop()
+        _say(
+            f"search done: {runner.spent()} launches counted "
+            f"({time.monotonic() - started:.0f} s this run)"
         )
 
-    ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
-    return promote(ctx, confirm_run, _say)
+        def confirm_run(
+            params: Mapping[str, ParamValue], run_dir: Path, load: float
+        ) -> TrialResult:
+            one = SearchSettings(max_levels=1, start_load=load)
+            if remote is not None:
+                return remote.run_one(params, run_dir, one)
+            return run_trial(
+                params,
+                sla,
+                python=python,
+                model_dir=model_dir,
+                run_dir=run_dir,
+                cuda_devices=cuda,
+                settings=one,
+                say=_say,
+            )
+
+        ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
+        return promote(ctx, confirm_run, _say)
+    finally:
+        if remote is not None:
+            remote.close()
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
@@ -259,7 +281,14 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def main_tune(sla_path: str, trials_dir: str, trials: int | None, extra_trials: int = 0) -> int:
+def main_tune(
+    sla_path: str,
+    trials_dir: str,
+    trials: int | None,
+    extra_trials: int = 0,
+    executor: str = "local",
+    address: str | None = None,
+) -> int:
     """CLI handler. 0: a config that meets the SLA is promoted; 1: none confirmed to meet it
     (the bundle may still hold the baseline and its fallbacks); 2: bad input; 130: interrupted."""
     try:
@@ -271,7 +300,12 @@ def main_tune(sla_path: str, trials_dir: str, trials: int | None, extra_trials: 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         manifest = tune(
-            sla, trials_dir=Path(trials_dir), budget_trials=trials, extra_trials=extra_trials
+            sla,
+            trials_dir=Path(trials_dir),
+            budget_trials=trials,
+            extra_trials=extra_trials,
+            executor=executor,
+            address=address,
         )
     except (
         StudyMismatch,

@@ -604,7 +604,7 @@ class Daemon:
         if probed is None:
             probed = self.probe_engines()
         seen = self.store.engines()
-        first = not seen and not self.store.slas()
+        first = not seen  # a fresh state directory: what is there now is the starting point
         changes: list[tuple[str, str | None, str]] = []
         present = set()
         for env in probed:
