@@ -482,8 +482,12 @@ def _member(v: ParamValue, values: Iterable[ParamValue]) -> bool:
 
 
 def spaces_dir() -> Path:
-    """The repository's ``search_spaces`` folder (beside the package)."""
-    return Path(__file__).resolve().parent.parent / "search_spaces"
+    """The ``search_spaces`` folder: the repository's (a checkout or an editable install), else
+    the copy a wheel carries inside the package."""
+    repo = Path(__file__).resolve().parent.parent / "search_spaces"
+    if repo.is_dir():
+        return repo
+    return Path(__file__).resolve().parent / "search_spaces"
 
 
 def _read(path: Path) -> _File:

@@ -76,3 +76,18 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     commands = [line for line in lines if line.strip() and not line.startswith("#")]
     assert len(commands) == 2, "README starts with exactly two set-up commands"
     assert commands[1].strip() in ci
+
+
+def test_every_subpackage_and_the_search_spaces_ship_in_the_wheel() -> None:
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = {
+        ".".join(p.parent.relative_to(root).parts)
+        for p in (root / "autotuner").rglob("__init__.py")
+    }
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+    assert config["package-dir"]["autotuner.search_spaces"] == "search_spaces"
+    assert (root / "search_spaces" / "vllm.yaml").is_file()
