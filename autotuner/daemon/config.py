@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from croniter import croniter
@@ -61,6 +61,10 @@ class DaemonConfig(_Strict):
     gpu_free_timeout_s: float = Field(default=120.0, gt=0)  # for NVML to show a GPU freed
     gpu_idle_mib: int = Field(default=1024, ge=0)  # "free" = at most this much used by anyone
     webhooks: list[Webhook] = Field(default_factory=list)
+    # Where tune jobs run their trials: "local" (here, under the daemon's device leases) or
+    # "ray" (Ray tasks on the cluster at ray_address, or a local Ray: Ray places each trial).
+    executor: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
     regression: RegressionSettings = Field(default_factory=RegressionSettings)
 
     @field_validator("schedule")

@@ -65,7 +65,14 @@ def _me() -> list[str]:
     return [sys.executable, "-m", "autotuner"]
 
 
-def tune_argv(layout: Layout, sla: str, engine: str, extra_trials: int) -> list[str]:
+def tune_argv(
+    layout: Layout,
+    sla: str,
+    engine: str,
+    extra_trials: int,
+    executor: str = "local",
+    ray_address: str | None = None,
+) -> list[str]:
     argv = [
         *_me(),
         "tune",
@@ -75,6 +82,10 @@ def tune_argv(layout: Layout, sla: str, engine: str, extra_trials: int) -> list[
     ]
     if extra_trials > 0:
         argv += ["--extra-trials", str(extra_trials)]
+    if executor == "ray":
+        argv += ["--executor", "ray"]
+        if ray_address:
+            argv += ["--address", ray_address]
     return argv
 
 

@@ -285,6 +285,8 @@ class Daemon:
             try:
                 sla = parse_sla(row.yaml, job.sla)
                 wanted = self.leases.devices_for(sla.target.kind, sla.target.devices)
+                if job.kind == "tune" and self.config.executor == "ray" and self.config.ray_address:
+                    wanted = []  # the cluster's Ray places each trial on its free GPUs
             except (SlaError, LeaseError) as exc:
                 self.store.finish(job.id, "failed", error=str(exc))
                 self.alert("job_failed", job.sla, "warning", f"job {job.id}: {exc}", {})
@@ -314,7 +316,12 @@ class Daemon:
                     self.layout.sla_file(job.sla, job.engine), jobs.pinned_yaml(sla, job.engine)
                 )
             return jobs.tune_argv(
-                self.layout, job.sla, job.engine, int(job.args.get("extra_trials", 0))
+                self.layout,
+                job.sla,
+                job.engine,
+                int(job.args.get("extra_trials", 0)),
+                cfg.executor,
+                cfg.ray_address,
             )
         if job.kind == "recheck":
             p = row.promotion

@@ -698,3 +698,17 @@ def test_metrics_export_rechecks_given_up_alerts_and_every_alert_kind(daemon: Da
     assert "autotuner_alerts_given_up 1.0" in text
     assert 'autotuner_alerts{kind="engine_regression"} 0.0' in text  # present before the first
     assert 'autotuner_alerts{kind="sla_violation"} 1.0' in text
+
+
+def test_tune_jobs_can_run_on_ray(tmp_path: Path) -> None:
+    layout = jobs.Layout(tmp_path)
+    assert "--executor" not in jobs.tune_argv(layout, "p", "e", 0)
+    argv = jobs.tune_argv(layout, "p", "e", 3, "ray", "ray://head:10001")
+    assert argv[-6:] == [
+        "--extra-trials",
+        "3",
+        "--executor",
+        "ray",
+        "--address",
+        "ray://head:10001",
+    ]
