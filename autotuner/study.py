@@ -95,16 +95,24 @@ class GridSampler(optuna.samplers.GridSampler):
         if "grid_id" not in trial.system_attrs:
             storage = study._storage
             if "grid_id" not in storage.get_trial_system_attrs(trial._trial_id):
-                free = self._get_unvisited_grid_ids(study)
+                free = self.free_points(study)
                 grid_id = min(free) if free else 0  # none free: a repeat, reused as such
                 storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
                 storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
             trial = storage.get_trial(trial._trial_id)
         return super().sample_independent(study, trial, param_name, param_distribution)
 
-    @property
-    def size(self) -> int:
-        return len(self._all_grids)
+    def free_points(self, study: optuna.Study) -> list[int]:
+        """Grid points neither settled nor running. Upstream's unvisited list falls back to
+        the running ones once all have started: with trials in flight that launches a repeat."""
+        taken = {
+            t.system_attrs["grid_id"]
+            for t in study._storage.get_all_trials(study._study_id, deepcopy=False)
+            if "grid_id" in t.system_attrs
+            and self._same_search_space(t.system_attrs["search_space"])
+            and (t.state.is_finished() or t.state == TrialState.RUNNING)
+        }
+        return [i for i in range(len(self._all_grids)) if i not in taken]
 
 
 def grid_budget(grid: Grid) -> int:
@@ -326,12 +334,17 @@ class StudyRunner:
         return time.monotonic() - self.started + mean <= self.budget.time_s
 
     def grid_done(self) -> bool:
-        """A grid study has nothing left: baseline run, every point settled, none requeued."""
+        """A grid study has nothing left to ask: the baseline and every point settled or in
+        flight, and no interrupted config queued again."""
         sampler = self.study.sampler
-        if not isinstance(sampler, GridSampler) or not baseline_done(self.study):
+        if not isinstance(sampler, GridSampler):
             return False
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        return not waiting and sampler.is_exhausted(self.study)
+        trials = self.study.get_trials(deepcopy=False)
+        baseline = baseline_done(self.study) or any(
+            t.user_attrs.get(ROLE) == "baseline" and t.state == TrialState.RUNNING for t in trials
+        )
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        return baseline and not waiting and not sampler.free_points(self.study)
 
     def _stop_reason(self, skips: int) -> str | None:
         if self.grid_done():

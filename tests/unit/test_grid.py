@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ class Grid:
         sampler = make_sampler("grid", budget, 2, 0, GRID)
         return open_study(self.sla, self.url, sampler, IDENTITY)
 
-    def runner(self, study: optuna.Study, budget: int) -> StudyRunner:
+    def runner(self, study: optuna.Study, budget: int, slots: int = 1) -> StudyRunner:
         def suggest(trial: optuna.Trial) -> dict[str, Any]:
             values = {k: trial.suggest_categorical(k, v) for k, v in GRID.items()}
             return {**values, **EXTRA}
@@ -81,7 +81,8 @@ class Grid:
             suggest=suggest,
             fixed=FIXED,
             prune=lambda p: None,
-            run=run,
+            run=None if slots > 1 else run,
+            executor=Slots(run, slots) if slots > 1 else None,
             budget=Budget(budget),
             say=lambda s: None,
         )
@@ -92,6 +93,35 @@ class Grid:
             for p in self.launched
             if "max_num_seqs" in p
         ]
+
+
+class Slots:
+    """Several trials in flight; the newest settles first."""
+
+    name = "fake"
+
+    def __init__(self, run: Any, n: int) -> None:
+        self.run = run
+        self.n = n
+        self.queue: list[tuple[int, dict[str, Any], Path]] = []
+        self.submitted = 0
+        self.peak = 0
+
+    def capacity(self) -> int:
+        return self.n
+
+    def submit(self, params: dict[str, Any], trial_dir: Path) -> Hashable:
+        self.submitted += 1
+        self.queue.append((self.submitted, params, trial_dir))
+        self.peak = max(self.peak, len(self.queue))
+        return self.submitted
+
+    def wait_any(self) -> list[tuple[Hashable, TrialResult]]:
+        handle, params, trial_dir = self.queue.pop()
+        return [(handle, self.run(params, trial_dir))]
+
+    def close(self) -> None:
+        pass
 
 
 ALL_POINTS = sorted(itertools.product(GRID["max_num_seqs"], GRID["max_num_batched_tokens"]))
@@ -126,6 +156,16 @@ def test_an_exhausted_grid_stops_the_loop_before_a_larger_budget(tmp_path: Path)
     g.runner(study, 50).loop()
     assert sorted(g.points()) == ALL_POINTS
     assert len(study.trials) == 10  # no repeats asked for once the grid was done
+
+
+def test_trials_in_flight_take_distinct_points(tmp_path: Path) -> None:
+    g = Grid(tmp_path)
+    study = g.study(50)
+    runner = g.runner(study, 50, slots=4)
+    runner.loop()
+    assert isinstance(runner.executor, Slots) and runner.executor.peak == 4
+    assert sorted(g.points()) == ALL_POINTS  # none launched twice while another ran
+    assert len(study.trials) == 10
 
 
 def test_a_resumed_grid_repeats_nothing(tmp_path: Path) -> None:
