@@ -11,7 +11,9 @@ under 1 % with 5 % run-to-run noise), and with few replicates only large changes
 
 Verdicts: ``regression`` (some metric worse and none better, or the config no longer starts
 on the new engine), ``improvement`` (some metric better, none worse), ``no_change``, and
-``not_enough_data`` (fewer than two measured replicates on an engine, or mixed signals).
+``not_enough_data`` (fewer than two measured replicates on an engine, mixed signals, or a
+metric that moved beyond the noise on average while its interval still reaches the minimum
+effect).
 Replicates are appended to ``replicates.jsonl`` as they finish, so an interrupted check
 resumes where it stopped.
 """
@@ -29,11 +31,14 @@ from typing import Any, Literal
 import numpy as np
 
 from autotuner import envs
-from autotuner.confirm import interleaved_order
+from autotuner.confirm import interleaved_order, spread
 from autotuner.engines.vllm import ParamValue
 from autotuner.paths import atomic_write_text
 
 Verdict = Literal["regression", "improvement", "no_change", "not_enough_data"]
+# unclear: the point estimate moved beyond the noise but the interval still reaches the
+# minimum effect (the replicates disagree too much to say)
+Direction = Literal["better", "worse", "same", "unclear", "unknown"]
 # metric -> +1 when higher is better, -1 when lower is better
 METRICS: dict[str, int] = {"goodput": 1, "p99_ttft_ms": -1, "p99_tpot_ms": -1}
 Say = Callable[[str], None]
@@ -59,7 +64,7 @@ class MetricChange:
     ci_low: float | None
     ci_high: float | None
     threshold: float  # the minimum effect the interval had to clear
-    direction: Literal["better", "worse", "same", "unknown"]
+    direction: Direction
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def compare_metric(
     old_mean, new_mean = float(np.mean(old)), float(np.mean(new))
     if min(old) <= 0 or min(new) <= 0:
         # Nothing served within the SLOs in some run (goodput 0): only all-or-nothing counts.
-        direction: Literal["better", "worse", "same", "unknown"] = "unknown"
+        direction: Direction = "unknown"
         if max(old) <= 0 < min(new):
             direction = "better" if sign > 0 else "worse"
         elif max(new) <= 0 < min(old):
@@ -145,6 +150,8 @@ def compare_metric(
         direction = "better" if sign > 0 else "worse"
     elif high < -min_effect:
         direction = "worse" if sign > 0 else "better"
+    elif abs(change) > max(min_effect, spread(old) + spread(new)):
+        direction = "unclear"
     return MetricChange(metric, old_mean, new_mean, change, low, high, min_effect, direction)
 
 
@@ -192,6 +199,16 @@ def decide(samples: Sequence[Sample], min_effect: float) -> Outcome:
     if better:
         return Outcome(
             "improvement", f"better beyond the noise in {', '.join(better)}", changes, counts
+        )
+    unclear = [c for c in changes if c.direction == "unclear"]
+    if unclear:
+        moved = ", ".join(f"{c.metric} {c.change:+.0%}" for c in unclear if c.change is not None)
+        return Outcome(
+            "not_enough_data",
+            f"{moved} on average, but the replicates vary too much to be sure: run the check "
+            "with more replicates",
+            changes,
+            counts,
         )
     return Outcome(
         "no_change",

@@ -89,14 +89,15 @@ def test_the_reported_numbers_are_the_means() -> None:
 
 def test_two_replicates_need_a_large_change() -> None:
     # Same direction as above but only two runs each: a 99 % interval on 2 degrees of
-    # freedom is wide, so a halving with 10 % spread is not yet a verdict.
+    # freedom is wide, so a halving with 10 % spread is not yet a verdict, only a hint.
     s = [
         Sample("old", 0, True, {"goodput": 2.0}),
         Sample("old", 1, True, {"goodput": 2.2}),
         Sample("new", 0, True, {"goodput": 1.0}),
         Sample("new", 1, True, {"goodput": 1.1}),
     ]
-    assert decide(s, 0.05).verdict == "no_change"
+    outcome = decide(s, 0.05)
+    assert outcome.verdict == "not_enough_data" and "goodput -50%" in outcome.reason
 
 
 def test_goodput_dropping_to_zero_is_a_regression() -> None:
@@ -155,3 +156,17 @@ def test_replicates_are_interleaved_and_resume_from_the_journal(tmp_path: Path) 
         ("new", 1),
         ("old", 1),
     ]
+
+
+def test_an_erratic_slowdown_is_inconclusive_not_no_change() -> None:
+    # Seen on the CPU: a misconfigured engine was 16x, 3x and 1x slower in three runs.
+    old = [8.4, 9.9, 9.0]
+    new = [134.6, 28.7, 9.5]
+    s = [
+        Sample(e, r, True, {"goodput": 3.0 + r / 100, "p99_tpot_ms": v})
+        for e, vals in (("old", old), ("new", new))
+        for r, v in enumerate(vals)
+    ]
+    outcome = decide(s, 0.05)
+    assert outcome.verdict == "not_enough_data"
+    assert "p99_tpot_ms" in outcome.reason and "more replicates" in outcome.reason
