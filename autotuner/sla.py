@@ -709,6 +709,8 @@ class Sla(_Strict):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, v: str) -> str:
+        if len(v) > 100:  # it names directories and files
+            raise _fail(f"must be at most 100 characters, got {len(v)}")
         if not _NAME_RE.match(v):
             raise _fail(
                 f"must start with a letter or digit and use only letters, digits, "

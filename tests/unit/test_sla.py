@@ -773,3 +773,10 @@ def test_check_main_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(files) >= 2
     assert check_main(files) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_name_too_long_for_a_file_name_is_refused() -> None:
+    text = "name: " + "a" * 101 + "\nmodel: {synth: tiny-llama}\n"
+    with pytest.raises(SlaError) as err:
+        parse_sla(text, "long.yaml")
+    assert "long.yaml:1: name: must be at most 100 characters, got 101" in str(err.value)
