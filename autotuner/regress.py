@@ -9,9 +9,9 @@ one engine sets the interval's width. A change counts only when the whole interv
 beyond the minimum effect: an A/A comparison must (almost) never raise an alarm (simulated:
 under 1 % with 5 % run-to-run noise), and with few replicates only large changes count.
 
-Verdicts: ``regression`` (some metric worse and none better, or the config no longer starts
-on the new engine), ``improvement`` (some metric better, none worse), ``no_change``, and
-``not_enough_data`` (fewer than two measured replicates on an engine, mixed signals, or a
+Verdicts: ``regression`` (some metric worse, even if another is better, or the config no
+longer starts on the new engine), ``improvement`` (some metric better, none worse),
+``no_change``, and ``not_enough_data`` (fewer than two measured replicates on an engine, or a
 metric that moved beyond the noise on average while its interval still reaches the minimum
 effect).
 Replicates are appended to ``replicates.jsonl`` as they finish, so an interrupted check
@@ -185,16 +185,12 @@ def decide(samples: Sequence[Sample], min_effect: float) -> Outcome:
         changes.append(compare_metric(metric, old, new, min_effect))
     worse = [c.metric for c in changes if c.direction == "worse"]
     better = [c.metric for c in changes if c.direction == "better"]
-    if worse and better:
-        return Outcome(
-            "not_enough_data",
-            f"mixed: worse in {', '.join(worse)}, better in {', '.join(better)}",
-            changes,
-            counts,
-        )
     if worse:
+        # Any metric worse is worth an alarm, even when another improved: the operator
+        # decides whether the trade suits the SLA; the reason names both.
+        also = f" (better in {', '.join(better)})" if better else ""
         return Outcome(
-            "regression", f"worse beyond the noise in {', '.join(worse)}", changes, counts
+            "regression", f"worse beyond the noise in {', '.join(worse)}{also}", changes, counts
         )
     if better:
         return Outcome(
