@@ -16,8 +16,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from autotuner import __version__
+from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.metrics import StoreCollector, make_registry, render
-from autotuner.daemon.service import Daemon, SubmitError
+from autotuner.daemon.service import Daemon
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon", Daemon)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,11 @@ def check_cron(value: str) -> str:
     if len(value.split()) != 5 or not croniter.is_valid(value):
         raise ValueError(f"not a 5-field cron expression: {value!r} (e.g. '0 2 * * *')")
     return value
+
+
+def next_run(cron: str, after: float) -> float:
+    """The next time (Unix seconds) ``cron`` fires after ``after``, in local time."""
+    return float(croniter(cron, datetime.fromtimestamp(after).astimezone()).get_next(float))
 
 
 class Webhook(_Strict):

@@ -66,7 +66,7 @@ async def serve(config: DaemonConfig, *, ready: asyncio.Event | None = None) -> 
 def main_daemon(
     config_path: str | None, state_dir: str | None, host: str | None, port: int | None
 ) -> int:
-    from autotuner.daemon.service import AlreadyRunning
+    from autotuner.daemon.errors import AlreadyRunning
 
     try:
         config = load_config(config_path, state_dir=state_dir, host=host, port=port)

@@ -25,11 +25,11 @@ from typing import IO, Any
 
 import aiohttp
 import psutil
-from croniter import croniter
 
 from autotuner import envs
-from autotuner.daemon import alerts, jobs
-from autotuner.daemon.config import DaemonConfig, check_cron
+from autotuner.daemon import alerts, jobs, outcomes, spool, watch
+from autotuner.daemon.config import DaemonConfig, check_cron, next_run
+from autotuner.daemon.errors import AlreadyRunning, SubmitError
 from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
 from autotuner.daemon.store import Job, SlaRow, Store
 from autotuner.paths import atomic_write_text
@@ -38,19 +38,6 @@ from autotuner.sla import Sla, SlaError, parse_sla
 
 Say = Callable[[str], None]
 STOP_GRACE_S = 90.0  # a job's engines need ~10 s to stop; tune writes its state on the way
-
-
-class SubmitError(Exception):
-    """A submission was refused; ``status`` is the HTTP status that fits."""
-
-    def __init__(self, status: int, messages: list[str]) -> None:
-        super().__init__("\n".join(messages))
-        self.status = status
-        self.messages = messages
-
-
-class AlreadyRunning(Exception):
-    pass
 
 
 @dataclass
@@ -83,11 +70,6 @@ def _token(path: Path) -> str:
             f.write(token + "\n")
         os.replace(tmp, path)
     return token
-
-
-def next_run(cron: str, after: float) -> float:
-    """The next time (Unix seconds) ``cron`` fires after ``after``, in local time."""
-    return float(croniter(cron, datetime.fromtimestamp(after).astimezone()).get_next(float))
 
 
 class Daemon:
@@ -443,128 +425,6 @@ class Daemon:
             return "\n".join(text.splitlines()[-lines:])
         return ""
 
-    # ------------------------------------------------------------------ job outcomes
-    def _tune_done(self, job: Job, code: int) -> dict[str, Any]:
-        row = self.store.get_sla(job.sla)
-        summary = jobs.study_summary(self.layout, job.sla, job.engine)
-        promo = jobs.promotion_from(self.layout, job.sla, job.engine, time.time())
-        if row is None:
-            return {"promotion": promo}
-        fields: dict[str, Any] = {"summary": summary}
-        current = row.promotion
-        if promo is not None:
-            if current is None or current.get("engine") == job.engine:
-                fields.update(promotion=promo, engine=job.engine)
-            elif promo["meets_sla"] or not current.get("meets_sla"):
-                # A re-tune on a new engine takes over; the old promotion stays as fallback.
-                fields.update(promotion=promo, fallback=current, engine=job.engine)
-            else:
-                self.alert(
-                    "retune_not_promoted",
-                    job.sla,
-                    "warning",
-                    f"{job.sla}: the re-tune on {job.engine} found nothing that meets the SLA; "
-                    f"the promotion on {current.get('engine')} stays in force",
-                    {"engine": job.engine, "old_engine": current.get("engine")},
-                )
-            if not promo["meets_sla"]:
-                self.alert(
-                    "sla_infeasible",
-                    job.sla,
-                    "warning",
-                    f"{job.sla}: no configuration confirmed to meet the SLA on {job.engine}",
-                    {"engine": job.engine, "goodput": promo.get("goodput")},
-                )
-        self.store.update_sla(job.sla, **fields)
-        if row.next_check is None:
-            self.store.update_sla(job.sla, next_check=next_run(row.schedule, time.time()))
-        return {"promotion": promo, "summary": summary}
-
-    def _recheck_done(self, job: Job, code: int) -> dict[str, Any]:
-        row = self.store.get_sla(job.sla)
-        result = jobs.read_json(self.layout.run_dir(job.sla, job.id) / "result.json") or {}
-        metrics = (result.get("evaluation") or {}).get("metrics") or {}
-        goodput = metrics.get("goodput")
-        out: dict[str, Any] = {"meets_sla": code == 0, "goodput": goodput, "exit_code": code}
-        if row is None or row.promotion is None:
-            return out
-        p = row.promotion
-        engine = p["engine"]
-        if code != 0:
-            why = "the engine failed to start" if code == 3 else "it missed the SLA"
-            self.alert(
-                "sla_violation",
-                job.sla,
-                "critical",
-                f"{job.sla}: the promoted config ({p.get('label')}) no longer meets the SLA on "
-                f"{engine}: {why}; re-tuning",
-                {"engine": engine, "goodput": goodput},
-            )
-            if not self.store.pending(job.sla, "tune"):
-                self.enqueue_tune(job.sla, row.engine, extra=self._retune_trials(job.sla))
-            return out
-        expected = p.get("goodput")
-        if isinstance(goodput, int | float) and isinstance(expected, int | float) and expected > 0:
-            drop = 1.0 - goodput / expected
-            threshold = max(self.config.regression.min_effect, float(p.get("goodput_spread") or 0))
-            out.update(expected=expected, change=-drop, threshold=threshold)
-            if drop > threshold:
-                self.alert(
-                    "throughput_regression",
-                    job.sla,
-                    "warning",
-                    f"{job.sla}: goodput of the promoted config fell {drop:.0%} (from "
-                    f"{expected:.2f} to {goodput:.2f}) on {engine}, beyond the noise "
-                    f"({threshold:.0%})",
-                    {"engine": engine, "expected": expected, "measured": goodput},
-                )
-        return out
-
-    def _regression_done(self, job: Job, code: int) -> dict[str, Any]:
-        result = jobs.read_json(self.layout.run_dir(job.sla, job.id) / "result.json") or {}
-        verdict = str(result.get("verdict", "not_enough_data"))
-        old, new = str(job.args["old"]), str(job.args["new"])
-        details = {
-            "verdict": verdict,
-            "reason": result.get("reason"),
-            "changes": result.get("changes", []),
-            "old_engine": old,
-            "new_engine": new,
-            "old_version": (result.get("old") or {}).get("version"),
-            "new_version": (result.get("new") or {}).get("version"),
-            "load": result.get("load"),
-            "counts": result.get("counts"),
-        }
-        self.store.add_verdict(job.sla, old, new, verdict, details)
-        if verdict == "regression":
-            numbers = "; ".join(
-                f"{c['metric']} {c['change']:+.1%} (90% CI {c['ci_low']:+.1%}..{c['ci_high']:+.1%})"
-                for c in result.get("changes", [])
-                if c.get("change") is not None and c.get("direction") == "worse"
-            )
-            self.alert(
-                "engine_regression",
-                job.sla,
-                "critical",
-                f"{job.sla}: {new} ({details['new_version']}) is slower than {old} "
-                f"({details['old_version']}) for the promoted config: "
-                f"{numbers or result.get('reason')}",
-                details,
-            )
-        if self.config.regression.retune and not self.store.pending(job.sla, "tune"):
-            self.enqueue_tune(job.sla, new, priority=-1, extra=0)
-        return details
-
-    def _retune_trials(self, sla: str) -> int:
-        if self.config.retune_trials:
-            return self.config.retune_trials
-        row = self.store.get_sla(sla)
-        if row is None:
-            return 0
-        with contextlib.suppress(SlaError):
-            return parse_sla(row.yaml, sla).tune.trials
-        return 0
-
     # ------------------------------------------------------------------ schedules
     def tick_schedules(self, now: float) -> list[int]:
         """Queue the nightly re-check (or tune, if nothing is promoted) of every SLA due."""
@@ -587,118 +447,25 @@ class Daemon:
             self.wake.set()
         return queued
 
-    # ------------------------------------------------------------------ engines
-    @staticmethod
-    def probe_engines() -> list[envs.EngineEnv | str]:
-        """Re-probe every registered engine (starts interpreters: call it off the loop).
-        Entries that fail to probe come back as their name."""
-        out: list[envs.EngineEnv | str] = []
-        for env in envs.list_envs():
-            try:
-                out.append(envs.refresh(env.name)[0])
-            except envs.EngineEnvError:
-                out.append(env.name)
-        return out
+    # ------------------------------------------------------------------ delegated
+    def _tune_done(self, job: Job, code: int) -> dict[str, Any]:
+        return outcomes.tune_done(self, job, code)
+
+    def _recheck_done(self, job: Job, code: int) -> dict[str, Any]:
+        return outcomes.recheck_done(self, job, code)
+
+    def _regression_done(self, job: Job, code: int) -> dict[str, Any]:
+        return outcomes.regression_done(self, job, code)
+
+    probe_engines = staticmethod(watch.probe_engines)
 
     def scan_engines(
         self, probed: list[envs.EngineEnv | str] | None = None
     ) -> list[tuple[str, str | None, str]]:
-        """React to new engines and changed versions among ``probed`` (default: probe now).
+        return watch.scan_engines(self, probed)
 
-        Returns (name, previous version or None for a new engine, version) per change.
-        The very first scan of a fresh daemon only records what is there.
-        """
-        if probed is None:
-            probed = self.probe_engines()
-        seen = self.store.engines()
-        first = not seen  # a fresh state directory: what is there now is the starting point
-        changes: list[tuple[str, str | None, str]] = []
-        present = set()
-        for env in probed:
-            if isinstance(env, str):
-                present.add(env)
-                self.say(f"engine {env}: cannot probe its interpreter; skipped")
-                continue
-            present.add(env.name)
-            before = seen.get(env.name)
-            self.store.see_engine(env.name, env.version, env.distribution, env.device)
-            if before is None:
-                changes.append((env.name, None, env.version))
-            elif before["version"] != env.version:
-                changes.append((env.name, str(before["version"]), env.version))
-        for name in set(seen) - present:
-            self.store.forget_engine(name)
-        if first:
-            return []
-        for name, old_version, version in changes:
-            self._engine_changed(name, old_version, version)
-        return changes
-
-    def _engine_changed(self, name: str, old_version: str | None, version: str) -> None:
-        new_env = envs.get(name)
-        what = "registered" if old_version is None else f"changed from {old_version}"
-        self.say(f"engine {name} {what} ({version})")
-        for row in self.store.slas():
-            p = row.promotion
-            if not p:
-                continue
-            current = str(p["engine"])
-            try:
-                cur_env = envs.get(current)
-            except envs.EngineEnvError:
-                cur_env = None
-            if current == name:
-                # Upgraded in place: the old version is gone, so compare with what the
-                # promotion measured (the nightly re-check path), then re-tune.
-                self.alert(
-                    "engine_changed",
-                    row.name,
-                    "info",
-                    f"{row.name}: engine {name} changed from {old_version} to {version} in "
-                    "place; re-checking the promoted config against its recorded goodput",
-                    {"engine": name, "old_version": old_version, "new_version": version},
-                )
-                if not self.store.pending(row.name, "recheck"):
-                    self.store.enqueue("recheck", row.name, name, priority=1)
-                continue
-            if cur_env is None or cur_env.device != new_env.device or cur_env.kind != new_env.kind:
-                continue
-            if any(
-                j.kind == "regression" and j.args.get("new") == name
-                for j in self.store.jobs(states=("queued", "running"), sla=row.name)
-            ):
-                continue
-            self.store.enqueue(
-                "regression", row.name, name, args={"old": current, "new": name}, priority=1
-            )
-        self.wake.set()
-
-    # ------------------------------------------------------------------ spool
     def scan_spool(self, min_age_s: float = 1.0) -> list[tuple[str, bool]]:
-        """Submit SLA files dropped into spool/; move each to done/ or failed/."""
-        spool = self.root / "spool"
-        out = []
-        now = time.time()
-        for f in sorted(spool.iterdir()):
-            if not f.is_file() or f.name.startswith(".") or f.suffix not in (".yaml", ".yml"):
-                continue
-            with contextlib.suppress(OSError):
-                if now - f.stat().st_mtime < min_age_s:
-                    continue  # maybe still being written
-            stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
-            try:
-                text = f.read_text(encoding="utf-8")
-                self.submit(text, source=f.name, base_dir=spool)
-            except (SubmitError, UnicodeDecodeError, OSError) as exc:
-                dest = spool / "failed" / f"{stamp}-{f.name}"
-                msg = "\n".join(exc.messages) if isinstance(exc, SubmitError) else str(exc)
-                os.replace(f, dest)
-                dest.with_name(dest.name + ".error.txt").write_text(msg + "\n")
-                out.append((f.name, False))
-                continue
-            os.replace(f, spool / "done" / f"{stamp}-{f.name}")
-            out.append((f.name, True))
-        return out
+        return spool.scan_spool(self, min_age_s)
 
     # ------------------------------------------------------------------ alerts
     def alert(

@@ -22,9 +22,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from autotuner import envs
 from autotuner.daemon import alerts, jobs
 from autotuner.daemon.api import make_app
-from autotuner.daemon.config import ConfigError, DaemonConfig, Webhook, load_config
+from autotuner.daemon.config import ConfigError, DaemonConfig, Webhook, load_config, next_run
+from autotuner.daemon.errors import AlreadyRunning
 from autotuner.daemon.leases import LeaseError, Leases
-from autotuner.daemon.service import AlreadyRunning, Daemon, next_run
+from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Store
 
 SLA = """\

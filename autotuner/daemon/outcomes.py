@@ -1,0 +1,141 @@
+"""What the daemon does when a job ends: record promotions and verdicts, raise alerts,
+queue what follows (a re-tune after a failed re-check or an engine change)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from autotuner.daemon import jobs
+from autotuner.daemon.config import next_run
+from autotuner.daemon.store import Job
+from autotuner.sla import SlaError, parse_sla
+
+if TYPE_CHECKING:
+    from autotuner.daemon.service import Daemon
+
+
+def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
+    row = d.store.get_sla(job.sla)
+    summary = jobs.study_summary(d.layout, job.sla, job.engine)
+    promo = jobs.promotion_from(d.layout, job.sla, job.engine, time.time())
+    if row is None:
+        return {"promotion": promo}
+    fields: dict[str, Any] = {"summary": summary}
+    current = row.promotion
+    if promo is not None:
+        if current is None or current.get("engine") == job.engine:
+            fields.update(promotion=promo, engine=job.engine)
+        elif promo["meets_sla"] or not current.get("meets_sla"):
+            # A re-tune on a new engine takes over; the old promotion stays as fallback.
+            fields.update(promotion=promo, fallback=current, engine=job.engine)
+        else:
+            d.alert(
+                "retune_not_promoted",
+                job.sla,
+                "warning",
+                f"{job.sla}: the re-tune on {job.engine} found nothing that meets the SLA; "
+                f"the promotion on {current.get('engine')} stays in force",
+                {"engine": job.engine, "old_engine": current.get("engine")},
+            )
+        if not promo["meets_sla"]:
+            d.alert(
+                "sla_infeasible",
+                job.sla,
+                "warning",
+                f"{job.sla}: no configuration confirmed to meet the SLA on {job.engine}",
+                {"engine": job.engine, "goodput": promo.get("goodput")},
+            )
+    d.store.update_sla(job.sla, **fields)
+    if row.next_check is None:
+        d.store.update_sla(job.sla, next_check=next_run(row.schedule, time.time()))
+    return {"promotion": promo, "summary": summary}
+
+
+def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
+    row = d.store.get_sla(job.sla)
+    result = jobs.read_json(d.layout.run_dir(job.sla, job.id) / "result.json") or {}
+    metrics = (result.get("evaluation") or {}).get("metrics") or {}
+    goodput = metrics.get("goodput")
+    out: dict[str, Any] = {"meets_sla": code == 0, "goodput": goodput, "exit_code": code}
+    if row is None or row.promotion is None:
+        return out
+    p = row.promotion
+    engine = p["engine"]
+    if code != 0:
+        why = "the engine failed to start" if code == 3 else "it missed the SLA"
+        d.alert(
+            "sla_violation",
+            job.sla,
+            "critical",
+            f"{job.sla}: the promoted config ({p.get('label')}) no longer meets the SLA on "
+            f"{engine}: {why}; re-tuning",
+            {"engine": engine, "goodput": goodput},
+        )
+        if not d.store.pending(job.sla, "tune"):
+            d.enqueue_tune(job.sla, row.engine, extra=retune_trials(d, job.sla))
+        return out
+    expected = p.get("goodput")
+    if isinstance(goodput, int | float) and isinstance(expected, int | float) and expected > 0:
+        drop = 1.0 - goodput / expected
+        threshold = max(d.config.regression.min_effect, float(p.get("goodput_spread") or 0))
+        out.update(expected=expected, change=-drop, threshold=threshold)
+        if drop > threshold:
+            d.alert(
+                "throughput_regression",
+                job.sla,
+                "warning",
+                f"{job.sla}: goodput of the promoted config fell {drop:.0%} (from "
+                f"{expected:.2f} to {goodput:.2f}) on {engine}, beyond the noise "
+                f"({threshold:.0%})",
+                {"engine": engine, "expected": expected, "measured": goodput},
+            )
+    return out
+
+
+def regression_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
+    result = jobs.read_json(d.layout.run_dir(job.sla, job.id) / "result.json") or {}
+    verdict = str(result.get("verdict", "not_enough_data"))
+    old, new = str(job.args["old"]), str(job.args["new"])
+    details = {
+        "verdict": verdict,
+        "reason": result.get("reason"),
+        "changes": result.get("changes", []),
+        "old_engine": old,
+        "new_engine": new,
+        "old_version": (result.get("old") or {}).get("version"),
+        "new_version": (result.get("new") or {}).get("version"),
+        "load": result.get("load"),
+        "counts": result.get("counts"),
+    }
+    d.store.add_verdict(job.sla, old, new, verdict, details)
+    if verdict == "regression":
+        numbers = "; ".join(
+            f"{c['metric']} {c['change']:+.1%} (90% CI {c['ci_low']:+.1%}..{c['ci_high']:+.1%})"
+            for c in result.get("changes", [])
+            if c.get("change") is not None and c.get("direction") == "worse"
+        )
+        d.alert(
+            "engine_regression",
+            job.sla,
+            "critical",
+            f"{job.sla}: {new} ({details['new_version']}) is slower than {old} "
+            f"({details['old_version']}) for the promoted config: "
+            f"{numbers or result.get('reason')}",
+            details,
+        )
+    if d.config.regression.retune and not d.store.pending(job.sla, "tune"):
+        d.enqueue_tune(job.sla, new, priority=-1, extra=0)
+    return details
+
+
+def retune_trials(d: Daemon, sla: str) -> int:
+    if d.config.retune_trials:
+        return d.config.retune_trials
+    row = d.store.get_sla(sla)
+    if row is None:
+        return 0
+    with contextlib.suppress(SlaError):
+        return parse_sla(row.yaml, sla).tune.trials
+    return 0
