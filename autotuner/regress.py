@@ -34,6 +34,7 @@ from autotuner import envs
 from autotuner.confirm import interleaved_order, spread
 from autotuner.engines.vllm import ParamValue
 from autotuner.paths import atomic_write_text
+from autotuner.tune import sigterm_as_interrupt
 
 Verdict = Literal["regression", "improvement", "no_change", "not_enough_data"]
 # unclear: the point estimate moved beyond the noise but the interval still reaches the
@@ -334,10 +335,6 @@ def compare_engines(
     return result
 
 
-def _sigterm(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main_compare(
     sla_path: str,
     bundle: str,
@@ -355,7 +352,7 @@ def main_compare(
     def say(msg: str) -> None:
         print(msg, flush=True)
 
-    previous = signal.signal(signal.SIGTERM, _sigterm)
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     try:
         result = compare_engines(
             sla_path,

@@ -276,7 +276,7 @@ def tune(
             remote.close()
 
 
-def _sigterm(signum: int, frame: FrameType | None) -> None:
+def sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     # Turn SIGTERM into the same path as Ctrl-C: engines are stopped in `finally` blocks.
     raise KeyboardInterrupt
 
@@ -296,7 +296,7 @@ def main_tune(
     except SlaError as exc:
         print(exc, file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _sigterm)
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         manifest = tune(
