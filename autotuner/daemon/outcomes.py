@@ -112,7 +112,7 @@ def regression_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     d.store.add_verdict(job.sla, old, new, verdict, details)
     if verdict == "regression":
         numbers = "; ".join(
-            f"{c['metric']} {c['change']:+.1%} (90% CI {c['ci_low']:+.1%}..{c['ci_high']:+.1%})"
+            f"{c['metric']} {c['change']:+.1%} (99% CI {c['ci_low']:+.1%}..{c['ci_high']:+.1%})"
             for c in result.get("changes", [])
             if c.get("change") is not None and c.get("direction") == "worse"
         )
