@@ -63,8 +63,11 @@ def _slowed(python: Path, out: Path) -> Path:
     out.write_text(
         f"#!{python}\n"
         "import ctypes, os, signal, sys\n"
+        "parent = os.getpid()\n"
         "if os.fork() == 0:\n"
         "    ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL)  # die with the engine\n"
+        "    if os.getppid() != parent:  # it died before prctl took effect\n"
+        "        os._exit(0)\n"
         "    os.sched_setaffinity(0, {0})\n"
         "    while True:\n"
         "        pass\n"
