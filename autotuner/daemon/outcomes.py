@@ -56,7 +56,7 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
 def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     row = d.store.get_sla(job.sla)
     result = jobs.read_json(d.layout.run_dir(job.sla, job.id) / "result.json") or {}
-    metrics = (result.get("evaluation") or {}).get("metrics") or {}
+    metrics = result.get("metrics") or {}  # `autotuner bench --output`: metrics at the top
     goodput = metrics.get("goodput")
     out: dict[str, Any] = {"meets_sla": code == 0, "goodput": goodput, "exit_code": code}
     if row is None or row.promotion is None:

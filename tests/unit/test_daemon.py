@@ -491,7 +491,7 @@ def test_recheck_below_the_promised_goodput_alerts(daemon: Daemon) -> None:
     job_id = daemon.store.enqueue("recheck", "p", "eng-a")
     out = daemon.layout.run_dir("p", job_id) / "result.json"
     out.parent.mkdir(parents=True)
-    out.write_text(json.dumps({"evaluation": {"metrics": {"goodput": 1.5}}}))
+    out.write_text(json.dumps({"kind": "autotuner.bench", "metrics": {"goodput": 1.5}}))
     job = daemon.store.job(job_id)
     assert job is not None
     result = daemon._recheck_done(job, 0)
