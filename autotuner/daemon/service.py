@@ -292,11 +292,7 @@ class Daemon:
     def _argv(self, job: Job, row: SlaRow) -> list[str] | None:
         cfg = self.config
         if job.kind == "tune":
-            if not self.layout.sla_file(job.sla, job.engine).is_file():
-                sla = parse_sla(row.yaml, job.sla)
-                atomic_write_text(
-                    self.layout.sla_file(job.sla, job.engine), jobs.pinned_yaml(sla, job.engine)
-                )
+            self._pin(row, job.engine)
             return jobs.tune_argv(
                 self.layout,
                 job.sla,
@@ -313,9 +309,7 @@ class Daemon:
             return jobs.recheck_argv(self.layout, job.sla, p["engine"], job.id, p["params"])
         if job.kind == "regression":
             old, new = str(job.args["old"]), str(job.args["new"])
-            if not self.layout.sla_file(job.sla, new).is_file():
-                sla = parse_sla(row.yaml, job.sla)
-                atomic_write_text(self.layout.sla_file(job.sla, new), jobs.pinned_yaml(sla, new))
+            self._pin(row, new)
             return jobs.regression_argv(
                 self.layout,
                 job.sla,
@@ -327,6 +321,17 @@ class Daemon:
             )
         self.store.finish(job.id, "failed", error=f"unknown job kind {job.kind!r}")
         return None
+
+    def _pin(self, row: SlaRow, engine: str) -> None:
+        """Write the SLA pinned to ``engine`` unless it exists. It is made from the pinned file
+        of the engine the SLA runs on, whose paths are absolute already (a spool file's
+        relative paths were resolved against the spool when it was submitted)."""
+        target = self.layout.sla_file(row.name, engine)
+        if target.is_file():
+            return
+        current = self.layout.sla_file(row.name, row.engine)
+        text = current.read_text() if current.is_file() else row.yaml
+        atomic_write_text(target, jobs.pinned_yaml(parse_sla(text, row.name), engine))
 
     async def _start(self, job: Job, argv: list[str], devices: list[str]) -> None:
         log_path = self.layout.log(job.id)

@@ -713,3 +713,23 @@ def test_tune_jobs_can_run_on_ray(tmp_path: Path) -> None:
         "--address",
         "ray://head:10001",
     ]
+
+
+def test_a_spool_sla_with_relative_paths_keeps_them_for_other_engines(
+    daemon: Daemon, registry: dict[str, envs.EngineEnv]
+) -> None:
+    from autotuner.sla import parse_sla
+
+    spool = daemon.root / "spool"
+    (spool / "models" / "m").mkdir(parents=True)
+    (spool / "models" / "m" / "config.json").write_text("{}")
+    (spool / "rel.yaml").write_text(
+        SLA.format(name="rel").replace("{synth: tiny-llama}", "{path: models/m}")
+    )
+    assert daemon.scan_spool(min_age_s=0) == [("rel.yaml", True)]
+    row = daemon.store.get_sla("rel")
+    assert row is not None
+    daemon._pin(row, "eng-b")  # a regression check or re-tune on another engine
+    pinned = parse_sla(daemon.layout.sla_file("rel", "eng-b").read_text(), "rel")
+    assert pinned.model.path == str(spool / "models" / "m")
+    assert pinned.engine.name == "eng-b"
