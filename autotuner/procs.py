@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import FrameType
 
 import psutil
 
@@ -93,3 +94,8 @@ def _alive(pgid: int, extra: list[psutil.Process]) -> bool:
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 return True
     return False
+
+
+def sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    # Turn SIGTERM into the same path as Ctrl-C: engines are stopped in `finally` blocks.
+    raise KeyboardInterrupt

@@ -34,7 +34,7 @@ from autotuner import envs
 from autotuner.confirm import interleaved_order, spread
 from autotuner.engines.vllm import ParamValue
 from autotuner.paths import atomic_write_text
-from autotuner.tune import sigterm_as_interrupt
+from autotuner.procs import sigterm_as_interrupt
 
 Verdict = Literal["regression", "improvement", "no_change", "not_enough_data"]
 # unclear: the point estimate moved beyond the noise but the interval still reaches the

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import optuna
@@ -26,6 +25,7 @@ from autotuner import envs, hardware, rules
 from autotuner.bench import resolve_model
 from autotuner.engines.vllm import ParamValue
 from autotuner.paths import atomic_write_text
+from autotuner.procs import sigterm_as_interrupt
 from autotuner.promote import Context, promote
 from autotuner.sla import Sla, SlaError, load_sla, to_yaml
 from autotuner.space import ParamOverride, SearchSpace, SpaceError, load_space_for
@@ -274,11 +274,6 @@ def tune(
     finally:
         if remote is not None:
             remote.close()
-
-
-def sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    # Turn SIGTERM into the same path as Ctrl-C: engines are stopped in `finally` blocks.
-    raise KeyboardInterrupt
 
 
 def main_tune(

@@ -94,6 +94,7 @@ class Daemon:
         self.started = time.time()
         self.running: dict[int, Running] = {}
         self.waiting: dict[int, str] = {}  # job id -> why it cannot start yet
+        self._targets: dict[str, tuple[str, tuple[str, list[str]]]] = {}  # SLA -> text, target
         self.stopping = False
         self.wake = asyncio.Event()
         self.url = ""
@@ -265,8 +266,7 @@ class Daemon:
                 self.store.finish(job.id, "cancelled", error="its SLA was deleted")
                 continue
             try:
-                sla = parse_sla(row.yaml, job.sla)
-                wanted = self.leases.devices_for(sla.target.kind, sla.target.devices)
+                wanted = self._devices(row)
                 if job.kind == "tune" and self.config.executor == "ray" and self.config.ray_address:
                     wanted = []  # the cluster's Ray places each trial on its free GPUs
             except (SlaError, LeaseError) as exc:
@@ -288,6 +288,17 @@ class Daemon:
             except OSError as exc:
                 self.leases.release(job.id)
                 self.store.finish(job.id, "failed", error=f"could not start: {exc}")
+
+    def _devices(self, row: SlaRow) -> list[str]:
+        """The devices an SLA's jobs lease; parsed once per SLA text (dispatch runs every
+        second over the whole queue)."""
+        cached = self._targets.get(row.name)
+        if cached is None or cached[0] != row.yaml:
+            sla = parse_sla(row.yaml, row.name)
+            cached = (row.yaml, (sla.target.kind, list(sla.target.devices)))
+            self._targets[row.name] = cached
+        kind, devices = cached[1]
+        return self.leases.devices_for(kind, devices)
 
     def _argv(self, job: Job, row: SlaRow) -> list[str] | None:
         cfg = self.config

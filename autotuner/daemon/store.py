@@ -374,6 +374,10 @@ class Store:
         rows = self._db.execute("SELECT kind, COUNT(*) AS n FROM alerts GROUP BY kind")
         return {r["kind"]: int(r["n"]) for r in rows}
 
+    def alerts_pending(self) -> int:
+        row = self._db.execute("SELECT COUNT(*) AS n FROM alerts WHERE delivered=0").fetchone()
+        return int(row["n"])
+
     def alerts_given_up(self) -> int:
         row = self._db.execute("SELECT COUNT(*) AS n FROM alerts WHERE delivered=-1").fetchone()
         return int(row["n"])
