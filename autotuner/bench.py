@@ -256,6 +256,8 @@ def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
     w(f"{'goodput':<22}{_fmt(m.get('goodput'), 2)} req/s (requests meeting every SLO)\n")
     w(f"{'errors':<22}{len(r.failed)} of {len(r.records)} ({errors})\n")
     w(f"{'peak engine memory':<22}{_fmt(mem, 2)} GiB ({source})\n")
+    for uuid, held in sorted(r.monitor.get("engine_gpus", {}).items()):
+        w(f"{'  on ' + uuid[:18]:<22}{_fmt(held / 2**30, 2)} GiB (NVML, the engine's processes)\n")
     if engine:
         kv = engine.get("peak_kv_cache_usage")
         w(

@@ -73,37 +73,57 @@ def engine_summary(before: Samples, after: Samples, peaks: dict[str, float]) -> 
 
 
 class GpuMemory:
-    """Reads GPU memory through NVML for the target devices (indexes or UUIDs)."""
+    """Reads GPU memory through NVML for the target devices (indexes or UUIDs), and notes on
+    which of all the host's GPUs the engine's processes hold memory: the record of which GPU
+    really ran a trial, whatever ``CUDA_VISIBLE_DEVICES`` said."""
 
     def __init__(self, devices: list[str]) -> None:
         import pynvml
 
         self._nvml = pynvml
         pynvml.nvmlInit()
-        self.handles = []
+        self._all: dict[str, Any] = {}  # UUID -> handle, every GPU of the host
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            self._all[_text(pynvml.nvmlDeviceGetUUID(handle))] = handle
+        self.targets: list[str] = []
         for dev in devices:
             if dev.isdigit():
-                self.handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(dev)))
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(dev))
             else:
-                self.handles.append(pynvml.nvmlDeviceGetHandleByUUID(dev))
+                handle = pynvml.nvmlDeviceGetHandleByUUID(dev)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            self._all.setdefault(uuid, handle)
+            self.targets.append(uuid)
+        self.engine_peaks: dict[str, int] = {}  # UUID -> peak bytes held by the engine's PIDs
 
     def used_bytes(self, pids: set[int]) -> int:
-        total = 0
-        for handle in self.handles:
-            per_process = 0
+        mine: dict[str, int] = {}
+        for uuid, handle in self._all.items():
+            held = 0
             with contextlib.suppress(self._nvml.NVMLError):
                 for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                     if proc.pid in pids and proc.usedGpuMemory:
-                        per_process += int(proc.usedGpuMemory)
-            if per_process == 0:
+                        held += int(proc.usedGpuMemory)
+            mine[uuid] = held
+            if held:
+                self.engine_peaks[uuid] = max(self.engine_peaks.get(uuid, 0), held)
+        total = 0
+        for uuid in self.targets:
+            held = mine[uuid]
+            if held == 0:
                 # In a container the driver may not show our PIDs: count the whole device.
-                per_process = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
-            total += per_process
+                held = int(self._nvml.nvmlDeviceGetMemoryInfo(self._all[uuid]).used)
+            total += held
         return total
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._nvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Monitor:
@@ -194,5 +214,7 @@ class Monitor:
         return {
             "peak_memory_bytes": self.peak_memory_bytes or None,
             "memory_source": self.memory_source,
+            # GPUs where NVML saw the engine's processes (empty when it hides their PIDs)
+            "engine_gpus": dict(self._gpu.engine_peaks) if self._gpu else {},
             "engine": engine_summary(self.before, self.after, self.peaks),
         }

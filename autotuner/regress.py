@@ -10,10 +10,10 @@ beyond the minimum effect: an A/A comparison must (almost) never raise an alarm 
 under 1 % with 5 % run-to-run noise), and with few replicates only large changes count.
 
 Verdicts: ``regression`` (some metric worse, even if another is better, or the config no
-longer starts on the new engine), ``improvement`` (some metric better, none worse),
-``no_change``, and ``not_enough_data`` (fewer than two measured replicates on an engine, or a
-metric that moved beyond the noise on average while its interval still reaches the minimum
-effect).
+longer starts on the new engine), ``improvement`` (some metric better, none worse, none worse
+on average), ``no_change``, and ``not_enough_data`` (fewer than two measured replicates on an
+engine, or a metric that moved beyond the noise on average while its interval still reaches
+the minimum effect).
 Replicates are appended to ``replicates.jsonl`` as they finish, so an interrupted check
 resumes where it stopped.
 """
@@ -193,17 +193,21 @@ def decide(samples: Sequence[Sample], min_effect: float) -> Outcome:
         return Outcome(
             "regression", f"worse beyond the noise in {', '.join(worse)}{also}", changes, counts
         )
-    if better:
+    unclear = [c for c in changes if c.direction == "unclear"]
+    # A metric that got worse on average blocks "improvement" even when its interval is too
+    # wide to call it a regression: TPOT doubled on average is no improvement.
+    doubtful = [c for c in unclear if c.change is not None and c.change * METRICS[c.metric] < 0]
+    if better and not doubtful:
         return Outcome(
             "improvement", f"better beyond the noise in {', '.join(better)}", changes, counts
         )
-    unclear = [c for c in changes if c.direction == "unclear"]
     if unclear:
         moved = ", ".join(f"{c.metric} {c.change:+.0%}" for c in unclear if c.change is not None)
+        also = f" (better in {', '.join(better)})" if better else ""
         return Outcome(
             "not_enough_data",
-            f"{moved} on average, but the replicates vary too much to be sure: run the check "
-            "with more replicates",
+            f"{moved} on average, but the replicates vary too much to be sure{also}: run the "
+            "check with more replicates",
             changes,
             counts,
         )

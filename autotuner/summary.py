@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotuner import placement
 from autotuner.study import ROLE, feasible, storage_url
 
 
@@ -94,6 +95,9 @@ def render(study: optuna.Study, study_dir: Path) -> str:
             lines.append(f"bundle: {manifest.parent}")
     else:
         lines.append("no promotion yet")
+    placements = placement.load(study_dir)
+    if any(p.node for p in placements):  # ran on Ray: where each launch went
+        lines += ["", placement.render(placements)]
     return "\n".join(lines)
 
 

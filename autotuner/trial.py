@@ -158,7 +158,10 @@ async def _measure_levels(
     settings: SearchSettings,
     gpus: list[str] | None,
     say: Say,
+    engine_gpus: dict[str, int],
 ) -> tuple[list[Level], str | None]:
+    """Load levels until the highest one that meets the SLA is bracketed. ``engine_gpus``
+    gets, per GPU UUID, the peak memory NVML saw the engine's processes hold there."""
     base = arrival_of(sla)
     load: float | None = settings.start_load
     if load is None:
@@ -177,6 +180,8 @@ async def _measure_levels(
         result = LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, monitor.summary()
         )
+        for uuid, held in result.monitor.get("engine_gpus", {}).items():
+            engine_gpus[uuid] = max(engine_gpus.get(uuid, 0), held)
         ev = evaluate(result, sla)
         name = f"level-{i}.json"
         atomic_write_text(run_dir / name, json.dumps(result.to_dict()))
@@ -234,6 +239,8 @@ def run_trial(
         "rate" if arrival_of(sla).open_loop else "concurrency"
     )
     started = time.monotonic()
+    started_at = time.time()
+    engine_gpus: dict[str, int] = {}
 
     async def go() -> TrialResult:
         try:
@@ -252,7 +259,15 @@ def run_trial(
         say(f"    engine healthy after {endpoint.startup_s:.0f} s")
         try:
             levels, reason = await _measure_levels(
-                sla, engine, endpoint, model_dir, run_dir, settings, engine.cuda_devices, say
+                sla,
+                engine,
+                endpoint,
+                model_dir,
+                run_dir,
+                settings,
+                engine.cuda_devices,
+                say,
+                engine_gpus,
             )
         finally:
             await engine.stop()
@@ -271,6 +286,12 @@ def run_trial(
         )
 
     result = asyncio.run(go())
-    result = TrialResult(**{**result.__dict__, "duration_s": time.monotonic() - started})
+    # Wall-clock span and the GPUs NVML saw the engine on: which trials ran side by side where.
+    extra = {**result.extra, "started_at": started_at, "ended_at": time.time()}
+    if engine_gpus:
+        extra["engine_gpus"] = engine_gpus
+    result = TrialResult(
+        **{**result.__dict__, "duration_s": time.monotonic() - started, "extra": extra}
+    )
     atomic_write_text(run_dir / "trial.json", json.dumps(result.to_dict(), indent=2))
     return result

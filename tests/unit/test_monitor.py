@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import types
+from typing import Any
 
 import psutil
 import pytest
 
 from autotuner.loadgen import LoadPlan, run_load
-from autotuner.monitor import Monitor, engine_summary, parse_metrics
+from autotuner.monitor import GpuMemory, Monitor, engine_summary, parse_metrics
 from autotuner.testing.standin import StandinConfig, StandinServer
 from autotuner.workload import Arrival, LengthDist, PromptSource, RequestFactory
 
@@ -73,3 +76,59 @@ def test_monitor_sees_the_run_and_the_memory() -> None:
     assert engine["peak_waiting"] >= 1
     assert summary["memory_source"] == "rss"
     assert summary["peak_memory_bytes"] >= psutil.Process().memory_info().rss // 2
+
+
+class _FakeNvml(types.ModuleType):
+    """Two GPUs; ``held[uuid]`` lists (pid, bytes) of the compute processes on each."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.uuids = ["GPU-aaa", "GPU-bbb"]
+        self.held: dict[str, list[tuple[int, int]]] = {u: [] for u in self.uuids}
+        self.device_used = {u: 7 << 30 for u in self.uuids}
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return self.uuids[i]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        return uuid
+
+    def nvmlDeviceGetUUID(self, handle: str) -> bytes:
+        return handle.encode()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.held[handle]]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+        return types.SimpleNamespace(used=self.device_used[handle])
+
+
+def test_gpu_memory_records_which_gpus_the_engine_really_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nvml = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    gpu = GpuMemory(["1"])  # the target is GPU 1 (GPU-bbb)
+    nvml.held["GPU-bbb"] = [(10, 3 << 30), (11, 1 << 30), (99, 5 << 30)]  # 99: not ours
+    assert gpu.used_bytes({10, 11}) == 4 << 30
+    # The engine also spills onto GPU 0, which it was not given: recorded, not counted.
+    nvml.held["GPU-aaa"] = [(11, 2 << 30)]
+    nvml.held["GPU-bbb"] = [(10, 2 << 30)]
+    assert gpu.used_bytes({10, 11}) == 2 << 30
+    assert gpu.engine_peaks == {"GPU-aaa": 2 << 30, "GPU-bbb": 4 << 30}
+    # PIDs hidden (a container): the whole target device counts, nothing is attributed.
+    nvml.held = {u: [] for u in nvml.uuids}
+    assert gpu.used_bytes({10, 11}) == 7 << 30
+    assert gpu.engine_peaks == {"GPU-aaa": 2 << 30, "GPU-bbb": 4 << 30}

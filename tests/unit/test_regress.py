@@ -123,6 +123,37 @@ def test_too_few_measurements_give_no_verdict() -> None:
     assert decide(s, 0.05).verdict == "not_enough_data"
 
 
+def test_better_in_one_metric_but_worse_on_average_in_another_is_no_improvement() -> None:
+    # Seen in CI: p99 TTFT clearly better, p99 TPOT doubled on average with an interval from
+    # -5 % to +330 %: that is not an improvement but a call for more replicates.
+    ttft_old, ttft_new = [120.0, 140.0, 130.0], [40.0, 45.0, 42.0]
+    tpot_old, tpot_new = [9.0, 10.0, 9.5], [14.0, 30.0, 19.0]
+    s = [
+        Sample(e, r, True, {"goodput": 3.0, "p99_ttft_ms": t, "p99_tpot_ms": p})
+        for e, ttft, tpot in (("old", ttft_old, tpot_old), ("new", ttft_new, tpot_new))
+        for r, (t, p) in enumerate(zip(ttft, tpot, strict=True))
+    ]
+    outcome = decide(s, 0.05)
+    by_metric = {c.metric: c.direction for c in outcome.changes}
+    assert by_metric == {"goodput": "same", "p99_ttft_ms": "better", "p99_tpot_ms": "unclear"}
+    assert outcome.verdict == "not_enough_data"
+    assert "p99_tpot_ms +" in outcome.reason and "better in p99_ttft_ms" in outcome.reason
+
+
+def test_a_metric_unclear_in_the_good_direction_keeps_an_improvement() -> None:
+    s = [
+        Sample(e, r, True, {"goodput": g, "p99_ttft_ms": t, "p99_tpot_ms": 9.5})
+        for e, goodput, ttft in (
+            ("old", [3.0, 3.1, 3.05], [120.0, 140.0, 130.0]),
+            ("new", [4.0, 9.0, 6.0], [40.0, 45.0, 42.0]),
+        )
+        for r, (g, t) in enumerate(zip(goodput, ttft, strict=True))
+    ]
+    outcome = decide(s, 0.05)
+    assert {c.metric: c.direction for c in outcome.changes}["goodput"] == "unclear"
+    assert outcome.verdict == "improvement"
+
+
 def test_worse_in_one_metric_is_a_regression_even_if_another_improved() -> None:
     # Seen on the CPU: the slowed engine's TPOT tripled while its p99 TTFT fell.
     rng = np.random.default_rng(5)
