@@ -52,8 +52,18 @@ def arrival_of(sla: Sla) -> Arrival:
     return Arrival(a.process, getattr(a, "rate", None), getattr(a, "concurrency", None))
 
 
-def build_plan(sla: Sla, model_dir: Path, arrival: Arrival | None = None) -> LoadPlan:
-    """The SLA's workload as a load plan; ``arrival`` overrides the SLA's (rate probing)."""
+# Request indices per load level on one engine (levels with a duration, not a count).
+LEVEL_INDEX_STRIDE = 1_000_000
+
+
+def build_plan(
+    sla: Sla, model_dir: Path, arrival: Arrival | None = None, level: int = 0
+) -> LoadPlan:
+    """The SLA's workload as a load plan; ``arrival`` overrides the SLA's (rate probing).
+
+    ``level`` > 0 is a later load level on an engine that already served the earlier ones:
+    no warm-up, and requests (prompts, dataset rows) that the earlier levels did not send.
+    """
     w = sla.workload
     dataset = load_dataset(sla.resolve_path(w.dataset)) if w.dataset else ()
     out = length_dist(w.output_tokens) if w.output_tokens is not None else LengthDist.fixed(128)
@@ -64,6 +74,7 @@ def build_plan(sla: Sla, model_dir: Path, arrival: Arrival | None = None) -> Loa
         output_len=out,
         seed=w.seed,
         dataset=dataset,
+        first_index=level * (w.requests or LEVEL_INDEX_STRIDE),
     )
     return LoadPlan(
         api=w.api,
@@ -71,7 +82,7 @@ def build_plan(sla: Sla, model_dir: Path, arrival: Arrival | None = None) -> Loa
         arrival=arrival or arrival_of(sla),
         requests=w.requests,
         duration_s=w.duration_s,
-        warmup_requests=w.warmup_requests,
+        warmup_requests=0 if level else w.warmup_requests,
         request_timeout_s=w.request_timeout_s,
         deadline_s=w.timeout_s,
     )

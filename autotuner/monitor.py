@@ -30,6 +30,9 @@ _COUNTERS = {
     "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
+    # prompt tokens looked up in / found in the prefix cache
+    "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
 }
 _PHASES = {
     "queue": "vllm:request_queue_time_seconds",
@@ -62,6 +65,10 @@ def engine_summary(before: Samples, after: Samples, peaks: dict[str, float]) -> 
         a, b = _first(after, names), _first(before, names)
         if a is not None:
             out[key] = a - (b or 0.0)
+    if out.get("prefix_cache_queries"):
+        out["prefix_cache_hit_rate"] = (
+            out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
+        )
     for phase, name in _PHASES.items():
         count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
         total = after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)

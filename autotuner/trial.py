@@ -26,7 +26,7 @@ from autotuner.bench import arrival_of, build_plan, make_engine
 from autotuner.engines.base import EngineLaunchError
 from autotuner.engines.vllm import ParamValue
 from autotuner.evaluate import Evaluation, evaluate
-from autotuner.loadgen import LoadPlan, LoadResult, run_load
+from autotuner.loadgen import LoadResult, run_load
 from autotuner.monitor import Monitor
 from autotuner.paths import atomic_write_text
 from autotuner.sla import Sla
@@ -172,9 +172,7 @@ async def _measure_levels(
     stop_reason = None
     for i in range(settings.max_levels):
         assert load is not None
-        plan = build_plan(sla, model_dir, _arrival(base, load))
-        if i > 0:  # the engine is warm after the first level
-            plan = LoadPlan(**{**plan.__dict__, "warmup_requests": 0})
+        plan = build_plan(sla, model_dir, _arrival(base, load), level=i)
         monitor = Monitor(endpoint.base_url, engine.processes, gpus)
         result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
         result = LoadResult(

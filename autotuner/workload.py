@@ -191,8 +191,12 @@ class RequestFactory:
     output_len: LengthDist
     seed: int
     dataset: tuple[dict[str, Any], ...] = field(default=())
+    # Request i is built as request first_index + i. Each load level on one engine starts
+    # further on: the same prompts again would hit vLLM's prefix cache and skip the prefill.
+    first_index: int = 0
 
     def make(self, i: int) -> RequestSpec:
+        i += self.first_index
         rng = np.random.default_rng([self.seed, i])
         if self.dataset:
             row = self.dataset[i % len(self.dataset)]

@@ -44,6 +44,15 @@ def test_summary_is_deltas_and_means() -> None:
     assert out["preemptions"] == 4.0
     assert out["mean_queue_ms"] == pytest.approx(1000 * 1.5 / 2)
     assert out["peak_kv_cache_usage"] == 0.4
+    assert "prefix_cache_hit_rate" not in out  # the engine did not report it
+
+
+def test_prefix_cache_hit_rate_is_over_the_measured_part() -> None:
+    before = {"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 900.0}
+    after = {"vllm:prefix_cache_queries_total": 3000.0, "vllm:prefix_cache_hits_total": 1400.0}
+    out = engine_summary(before, after, {})
+    assert out["prefix_cache_queries"] == 2000.0 and out["prefix_cache_hits"] == 500.0
+    assert out["prefix_cache_hit_rate"] == pytest.approx(0.25)
 
 
 def test_monitor_sees_the_run_and_the_memory() -> None:

@@ -1,0 +1,72 @@
+"""Load levels on one engine against a real vLLM: each level must measure the prefill.
+
+On the H200 every load level re-sent the first level's prompts, and vLLM's prefix cache
+(on by default) served the later levels' prefills from the cache: mean prefill 42 ms at the
+first level, 14 ms at the second, p99 TTFT 105 ms against 40 ms at a higher rate. Here the
+engine's own prefix-cache counters must show no hit at any level.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotuner.sla import parse_sla
+from autotuner.trial import SearchSettings, run_trial
+
+from .conftest import TAG_VAR, assert_no_leftovers
+
+pytestmark = pytest.mark.slow
+
+# 400-token prompts: whole KV blocks (128 tokens on the CPU backend) that the cache could serve.
+INPUT_TOKENS = 400
+REQUESTS = 16
+
+
+def test_every_load_level_sends_prompts_the_engine_has_not_cached(
+    vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TAG_VAR, tag)
+    sla = parse_sla(
+        yaml.safe_dump(
+            {
+                "name": "it-levels",
+                "model": {"path": str(tiny_model)},
+                "engine": {
+                    "params": {
+                        "enforce_eager": True,
+                        "gpu_memory_utilization": 0.3,
+                        "max_model_len": 1024,
+                    }
+                },
+                "target": "cpu",
+                "workload": {
+                    "input_tokens": INPUT_TOKENS,
+                    "output_tokens": 8,
+                    "arrival": {"process": "poisson", "rate": 2.0},
+                    "requests": REQUESTS,
+                    "warmup_requests": 2,
+                    "seed": 5,
+                },
+                "constraints": {"p99_ttft_ms": 60000, "max_error_rate": 0.0},
+            }
+        )
+    )
+    result = run_trial(
+        {},
+        sla,
+        python=vllm_python,
+        model_dir=tiny_model,
+        run_dir=tmp_path / "run",
+        cuda_devices=None,
+        settings=SearchSettings(max_levels=3),
+    )
+    assert result.status == "complete", (result.reason, result.extra.get("log_tail"))
+    assert len(result.levels) == 3
+    for level in result.levels:
+        engine = level.engine
+        assert engine["prefix_cache_queries"] >= REQUESTS * INPUT_TOKENS, engine
+        assert engine["prefix_cache_hit_rate"] < 0.05, engine
+    assert_no_leftovers(tag)
