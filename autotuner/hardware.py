@@ -332,7 +332,8 @@ def probe_cpu() -> CpuInfo:
 # --------------------------------------------------------------------------- GPU
 
 
-def _text(v: Any) -> str:
+def nvml_text(v: Any) -> str:
+    """NVML strings: bytes from older bindings, str from newer ones."""
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
@@ -363,9 +364,8 @@ def _nvml_gpus(nvml: Any, devices: list[str]) -> tuple[list[GpuInfo], str | None
             known = []
             for i in range(count):
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
-                known.append(
-                    f"{i} {_text(nvml.nvmlDeviceGetName(h))} ({_text(nvml.nvmlDeviceGetUUID(h))})"
-                )
+                name, uuid = nvml.nvmlDeviceGetName(h), nvml.nvmlDeviceGetUUID(h)
+                known.append(f"{i} {nvml_text(name)} ({nvml_text(uuid)})")
             listed = "; ".join(known) or "none"
             raise HardwareError(f"GPU {dev} not found; this machine has: {listed}") from None
     gpus = []
@@ -377,8 +377,8 @@ def _nvml_gpus(nvml: Any, devices: list[str]) -> tuple[list[GpuInfo], str | None
         gpus.append(
             GpuInfo(
                 index=int(nvml.nvmlDeviceGetIndex(h)),
-                uuid=_text(nvml.nvmlDeviceGetUUID(h)),
-                name=_text(nvml.nvmlDeviceGetName(h)),
+                uuid=nvml_text(nvml.nvmlDeviceGetUUID(h)),
+                name=nvml_text(nvml.nvmlDeviceGetName(h)),
                 compute_capability=(int(major), int(minor)),
                 memory_total=int(mem.total),
                 memory_free=int(mem.free),
@@ -395,7 +395,7 @@ def _nvml_gpus(nvml: Any, devices: list[str]) -> tuple[list[GpuInfo], str | None
     driver = opt(nvml.nvmlSystemGetDriverVersion)
     cuda = opt(nvml.nvmlSystemGetCudaDriverVersion)  # e.g. 12080 -> "12.8"
     cuda_text = None if cuda is None else f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
-    return gpus, None if driver is None else _text(driver), cuda_text
+    return gpus, None if driver is None else nvml_text(driver), cuda_text
 
 
 def _import_nvml() -> Any:
@@ -420,12 +420,12 @@ def probe(target: Target, *, nvml: Any = None) -> HardwareProfile:
         mod.nvmlInit()
     except mod.NVMLError as e:
         raise HardwareError(
-            f"NVML could not start ({_text(e)}): no NVIDIA driver, or no GPU visible here"
+            f"NVML could not start ({nvml_text(e)}): no NVIDIA driver, or no GPU visible here"
         ) from e
     try:
         gpus, driver, cuda = _nvml_gpus(mod, list(target.devices))
     except mod.NVMLError as e:
-        raise HardwareError(f"NVML query failed: {_text(e)}") from e
+        raise HardwareError(f"NVML query failed: {nvml_text(e)}") from e
     finally:
         with contextlib.suppress(mod.NVMLError):
             mod.nvmlShutdown()

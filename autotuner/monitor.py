@@ -18,6 +18,8 @@ import aiohttp
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotuner.hardware import nvml_text
+
 Samples = dict[str, float]
 
 # vLLM renamed a few metrics across releases; the first name present wins.
@@ -92,14 +94,14 @@ class GpuMemory:
         self._all: dict[str, Any] = {}  # UUID -> handle, every GPU of the host
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            self._all[_text(pynvml.nvmlDeviceGetUUID(handle))] = handle
+            self._all[nvml_text(pynvml.nvmlDeviceGetUUID(handle))] = handle
         self.targets: list[str] = []
         for dev in devices:
             if dev.isdigit():
                 handle = pynvml.nvmlDeviceGetHandleByIndex(int(dev))
             else:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(dev)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            uuid = nvml_text(pynvml.nvmlDeviceGetUUID(handle))
             self._all.setdefault(uuid, handle)
             self.targets.append(uuid)
         self.engine_peaks: dict[str, int] = {}  # UUID -> peak bytes held by the engine's PIDs
@@ -127,10 +129,6 @@ class GpuMemory:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._nvml.nvmlShutdown()
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Monitor:

@@ -46,13 +46,14 @@ def _gpu_uuids(ids: list[str]) -> list[str]:
     try:
         import pynvml
 
+        from autotuner.hardware import nvml_text
+
         pynvml.nvmlInit()
         try:
             out = []
             for i in ids:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(int(i))
-                uuid = pynvml.nvmlDeviceGetUUID(handle)
-                out.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+                out.append(nvml_text(pynvml.nvmlDeviceGetUUID(handle)))
             return out
         finally:
             pynvml.nvmlShutdown()

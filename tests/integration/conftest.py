@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -91,6 +92,38 @@ def assert_no_leftovers(tag: str) -> None:
     assert not leftovers, f"processes left behind: {names}"
 
 
+LOOSE = {"p99_ttft_ms": 3000, "p99_tpot_ms": 1000, "max_error_rate": 0.0}
+
+
+def cpu_sla(
+    name: str,
+    workload: dict[str, Any],
+    *,
+    constraints: dict[str, float] | None = None,
+    engine: str | None = None,
+    params: dict[str, Any] | None = None,
+    **sections: Any,
+) -> dict[str, Any]:
+    """The SLA the real-vLLM tests start from: the generated tiny model on the CPU engine in
+    eager mode (a quick start), 2 warm-up requests, loose limits unless given."""
+    eng: dict[str, Any] = {"name": engine} if engine else {}
+    eng["params"] = {
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.3,
+        "max_model_len": 512,
+        **(params or {}),
+    }
+    return {
+        "name": name,
+        "model": {"synth": "tiny-llama"},
+        "engine": eng,
+        "target": "cpu",
+        "workload": {"warmup_requests": 2, **workload},
+        "constraints": dict(LOOSE if constraints is None else constraints),
+        **sections,
+    }
+
+
 SlaWriter = Callable[..., Path]
 
 
@@ -106,28 +139,14 @@ def write_sla(tmp_path: Path) -> SlaWriter:
         params: dict[str, object] | None = None,
         name: str = "it",
     ) -> Path:
-        sla = {
-            "name": name,
-            "model": {"synth": "tiny-llama"},
-            "engine": {
-                "params": {
-                    "enforce_eager": True,
-                    "gpu_memory_utilization": 0.3,
-                    "max_model_len": 512,
-                    **(params or {}),
-                }
-            },
-            "target": "cpu",
-            "workload": {
-                "input_tokens": 64,
-                "output_tokens": 16,
-                "arrival": {"process": "poisson", "rate": rate},
-                "requests": requests,
-                "warmup_requests": 2,
-                "seed": 1,
-            },
-            "constraints": constraints,
+        workload = {
+            "input_tokens": 64,
+            "output_tokens": 16,
+            "arrival": {"process": "poisson", "rate": rate},
+            "requests": requests,
+            "seed": 1,
         }
+        sla = cpu_sla(name, workload, constraints=constraints, params=params)
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(sla, sort_keys=False))
         return path

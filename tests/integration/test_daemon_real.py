@@ -36,7 +36,7 @@ from optuna.trial import TrialState
 
 from autotuner import envs
 
-from .conftest import assert_no_leftovers, run_cli, tagged_processes, wait_until
+from .conftest import assert_no_leftovers, cpu_sla, run_cli, tagged_processes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -213,24 +213,18 @@ def setup(
 
 
 def _sla() -> bytes:
-    sla = {
-        "name": SLA_NAME,
-        "model": {"synth": "tiny-llama"},
-        "engine": {
-            "name": "cpu-032",
-            "params": {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512},
-        },
-        "target": "cpu",
-        "workload": {
-            "input_tokens": 64,
-            "output_tokens": 32,
-            "arrival": {"process": "poisson", "rate": 3.0},
-            "requests": 24,
-            "warmup_requests": 2,
-            "seed": 4,
-        },
-        "constraints": {"p99_ttft_ms": 3000, "p99_tpot_ms": 1000, "max_error_rate": 0.0},
-        "search": {
+    workload = {
+        "input_tokens": 64,
+        "output_tokens": 32,
+        "arrival": {"process": "poisson", "rate": 3.0},
+        "requests": 24,
+        "seed": 4,
+    }
+    sla = cpu_sla(
+        SLA_NAME,
+        workload,
+        engine="cpu-032",
+        search={
             "params": {
                 "max_num_seqs": {"values": [4, 64]},
                 "stream_interval": False,
@@ -239,14 +233,14 @@ def _sla() -> bytes:
                 "long_prefill_token_threshold": False,
             }
         },
-        "tune": {
+        tune={
             "trials": 2,
             "sampler": "random",
             "seed": 1,
             "max_levels": 1,
             "confirm": {"candidates": 1, "replicates": 1},
         },
-    }
+    )
     return yaml.safe_dump(sla, sort_keys=False).encode()
 
 

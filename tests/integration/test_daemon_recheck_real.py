@@ -24,29 +24,22 @@ from autotuner.daemon import jobs
 from autotuner.daemon.store import Store
 from autotuner.sla import parse_sla
 
-from .conftest import assert_no_leftovers, run_cli, wait_until
+from .conftest import assert_no_leftovers, cpu_sla, run_cli, wait_until
 from .test_daemon_real import Receiver
 
 pytestmark = pytest.mark.slow
 
-SLA = {
-    "name": "it-recheck",
-    "model": {"synth": "tiny-llama"},
-    "engine": {
-        "name": "cpu-032",
-        "params": {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512},
-    },
-    "target": "cpu",
-    "workload": {
+SLA = cpu_sla(
+    "it-recheck",
+    {
         "input_tokens": 32,
         "output_tokens": 16,
         "arrival": {"process": "poisson", "rate": 2.0},
         "requests": 16,
-        "warmup_requests": 2,
         "seed": 3,
     },
-    "constraints": {"p99_ttft_ms": 3000, "p99_tpot_ms": 1000, "max_error_rate": 0.0},
-}
+    engine="cpu-032",
+)
 
 
 def test_schedule_rechecks_the_promoted_config_and_alerts_on_lost_goodput(

@@ -16,7 +16,7 @@ import yaml
 from autotuner.sla import parse_sla
 from autotuner.trial import SearchSettings, run_trial
 
-from .conftest import TAG_VAR, assert_no_leftovers
+from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla
 
 pytestmark = pytest.mark.slow
 
@@ -29,34 +29,23 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
     vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TAG_VAR, tag)
-    sla = parse_sla(
-        yaml.safe_dump(
-            {
-                "name": "it-levels",
-                "model": {"path": str(tiny_model)},
-                "engine": {
-                    "params": {
-                        "enforce_eager": True,
-                        "gpu_memory_utilization": 0.3,
-                        "max_model_len": 1024,
-                    }
-                },
-                "target": "cpu",
-                "workload": {
-                    "input_tokens": INPUT_TOKENS,
-                    "output_tokens": 8,
-                    "arrival": {"process": "poisson", "rate": 2.0},
-                    "requests": REQUESTS,
-                    "warmup_requests": 2,
-                    "seed": 5,
-                },
-                "constraints": {"p99_ttft_ms": 60000, "max_error_rate": 0.0},
-            }
-        )
+    workload = {
+        "input_tokens": INPUT_TOKENS,
+        "output_tokens": 8,
+        "arrival": {"process": "poisson", "rate": 2.0},
+        "requests": REQUESTS,
+        "seed": 5,
+    }
+    sla = cpu_sla(
+        "it-levels",
+        workload,
+        constraints={"p99_ttft_ms": 60000, "max_error_rate": 0.0},
+        params={"max_model_len": 1024},
+        model={"path": str(tiny_model)},
     )
     result = run_trial(
         {},
-        sla,
+        parse_sla(yaml.safe_dump(sla)),
         python=vllm_python,
         model_dir=tiny_model,
         run_dir=tmp_path / "run",

@@ -30,7 +30,7 @@ from autotuner.study import Budget, StudyRunner, make_sampler, open_study, stora
 from autotuner.summary import render
 from autotuner.trial import SearchSettings
 
-from .conftest import tagged_processes, wait_until
+from .conftest import cpu_sla, tagged_processes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -111,23 +111,17 @@ def test_ray_executor_plumbing_with_stand_in_tasks(tmp_path: Path) -> None:
 
 
 def _sla(tmp_path: Path) -> Path:
-    sla = {
-        "name": "it-ray",
-        "model": {"synth": "tiny-llama"},
-        "engine": {
-            "params": {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512}
-        },
-        "target": "cpu",
-        "workload": {
-            "input_tokens": 64,
-            "output_tokens": 16,
-            "arrival": {"process": "poisson", "rate": 3.0},
-            "requests": 16,
-            "warmup_requests": 2,
-            "seed": 2,
-        },
-        "constraints": {"p99_ttft_ms": 3000, "p99_tpot_ms": 1000, "max_error_rate": 0.0},
-        "search": {
+    workload = {
+        "input_tokens": 64,
+        "output_tokens": 16,
+        "arrival": {"process": "poisson", "rate": 3.0},
+        "requests": 16,
+        "seed": 2,
+    }
+    sla = cpu_sla(
+        "it-ray",
+        workload,
+        search={
             "params": {
                 "max_num_seqs": {"values": [4, 16, 64]},
                 "stream_interval": False,
@@ -136,14 +130,14 @@ def _sla(tmp_path: Path) -> Path:
                 "long_prefill_token_threshold": False,
             }
         },
-        "tune": {
+        tune={
             "trials": 3,
             "sampler": "random",
             "seed": 5,
             "max_levels": 1,
             "confirm": {"candidates": 1, "replicates": 1},
         },
-    }
+    )
     path = tmp_path / "it-ray.yaml"
     path.write_text(yaml.safe_dump(sla, sort_keys=False))
     return path

@@ -19,30 +19,24 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from .conftest import run_cli, tagged_processes, wait_until
+from .conftest import cpu_sla, run_cli, tagged_processes, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def write_study_sla(tmp_path: Path) -> Path:
-    sla = {
-        "name": "it-tune",
-        "model": {"synth": "tiny-llama"},
-        "engine": {
-            "params": {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512}
-        },
-        "target": "cpu",
-        "workload": {
-            "input_tokens": 64,
-            "output_tokens": 16,
-            "arrival": {"process": "poisson", "rate": 3.0},
-            "requests": 16,
-            "warmup_requests": 2,
-            "seed": 2,
-        },
-        "constraints": {"p99_ttft_ms": 3000, "p99_tpot_ms": 1000, "max_error_rate": 0.0},
-        "objectives": [{"maximize": "goodput"}, {"minimize": "p99_ttft_ms"}],
-        "search": {
+    workload = {
+        "input_tokens": 64,
+        "output_tokens": 16,
+        "arrival": {"process": "poisson", "rate": 3.0},
+        "requests": 16,
+        "seed": 2,
+    }
+    sla = cpu_sla(
+        "it-tune",
+        workload,
+        objectives=[{"maximize": "goodput"}, {"minimize": "p99_ttft_ms"}],
+        search={
             "params": {
                 "max_num_seqs": {"values": [2, 64]},
                 "stream_interval": {"values": [1, 4]},
@@ -54,14 +48,14 @@ def write_study_sla(tmp_path: Path) -> Path:
                 "performance_mode": False,
             }
         },
-        "tune": {
+        tune={
             "trials": 4,
             "sampler": "random",
             "seed": 3,
             "max_levels": 2,
             "confirm": {"candidates": 1, "replicates": 1},
         },
-    }
+    )
     path = tmp_path / "it-tune.yaml"
     path.write_text(yaml.safe_dump(sla, sort_keys=False))
     return path
