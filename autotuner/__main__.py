@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from autotuner.cli import main
+from autotuner.cli.main import main
 
 raise SystemExit(main())

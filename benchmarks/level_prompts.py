@@ -28,9 +28,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotuner import bench, envs, synth, trial
-from autotuner.sla import parse_sla
-from autotuner.trial import SearchSettings, run_trial
+from autotuner.engines import envs
+from autotuner.measure import bench
+from autotuner.models import synth
+from autotuner.search import trial
+from autotuner.search.trial import SearchSettings, run_trial
+from autotuner.sla.spec import parse_sla
 
 RESULT = Path(__file__).parent / "results" / "level-prompts-cpu.json"
 

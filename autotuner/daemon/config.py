@@ -10,7 +10,7 @@ import yaml
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from autotuner import paths
+from autotuner.core import paths
 
 DEFAULT_PORT = 8787
 

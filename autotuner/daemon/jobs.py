@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotuner.sla import Sla, to_yaml
+from autotuner.sla.spec import Sla, to_yaml
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:
         return {"engine": engine, "trials": {}, "best_goodput": None}
     import optuna
 
-    from autotuner.study import feasible
+    from autotuner.search.study import feasible
 
     try:
         study = optuna.load_study(study_name=sla, storage=f"sqlite:///{db}")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from autotuner.daemon import jobs
 from autotuner.daemon.config import next_run
 from autotuner.daemon.store import Job
-from autotuner.sla import SlaError, parse_sla
+from autotuner.sla.spec import SlaError, parse_sla
 
 if TYPE_CHECKING:
     from autotuner.daemon.service import Daemon

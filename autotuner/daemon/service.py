@@ -26,15 +26,15 @@ from typing import IO, Any
 import aiohttp
 import psutil
 
-from autotuner import envs
+from autotuner.core.paths import atomic_write_text
+from autotuner.core.procs import set_parent_death_signal
 from autotuner.daemon import alerts, jobs, outcomes, spool, watch
 from autotuner.daemon.config import DaemonConfig, check_cron, next_run
 from autotuner.daemon.errors import AlreadyRunning, SubmitError
 from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
 from autotuner.daemon.store import Job, SlaRow, Store
-from autotuner.paths import atomic_write_text
-from autotuner.procs import set_parent_death_signal
-from autotuner.sla import Sla, SlaError, parse_sla
+from autotuner.engines import envs
+from autotuner.sla.spec import Sla, SlaError, parse_sla
 
 Say = Callable[[str], None]
 STOP_GRACE_S = 90.0  # a job's engines need ~10 s to stop; tune writes its state on the way
@@ -610,6 +610,6 @@ def _signal_session(pid: int, sig: int) -> None:
 
 
 def _kill_session(pid: int, grace_s: float) -> None:
-    from autotuner.procs import kill_group
+    from autotuner.core.procs import kill_group
 
     kill_group(pid, [], grace_s=grace_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotuner import envs
+from autotuner.engines import envs
 
 if TYPE_CHECKING:
     from autotuner.daemon.service import Daemon

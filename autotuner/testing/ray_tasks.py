@@ -11,9 +11,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from autotuner.engines.vllm import ParamValue
-from autotuner.sla import Sla
-from autotuner.trial import Level, SearchSettings, TrialResult
+from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.search.trial import Level, SearchSettings, TrialResult
+from autotuner.sla.spec import Sla
 
 
 def fake_trial(

@@ -21,7 +21,8 @@ import psutil
 import pytest
 import yaml
 
-from autotuner import envs, synth
+from autotuner.engines import envs
+from autotuner.models import synth
 
 
 def _find_python() -> Path | None:

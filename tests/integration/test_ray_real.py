@@ -24,11 +24,11 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotuner import placement
-from autotuner.sla import parse_sla
-from autotuner.study import Budget, StudyRunner, make_sampler, open_study, storage_url
-from autotuner.summary import render
-from autotuner.trial import SearchSettings
+from autotuner.bundle.summary import render
+from autotuner.search import placement
+from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
+from autotuner.search.trial import SearchSettings
+from autotuner.sla.spec import parse_sla
 
 from .conftest import cpu_sla, tagged_processes, wait_until
 
@@ -47,7 +47,7 @@ objectives: [{maximize: goodput}, {minimize: p99_ttft_ms}]
 
 
 def test_ray_executor_plumbing_with_stand_in_tasks(tmp_path: Path) -> None:
-    from autotuner.ray_executor import WORKER_LOST, RayExecutor
+    from autotuner.search.ray_executor import WORKER_LOST, RayExecutor
     from autotuner.testing.ray_tasks import fake_trial
 
     sla = parse_sla(SLA_TEXT)

@@ -19,7 +19,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from autotuner import envs
 from autotuner.daemon import alerts, jobs
 from autotuner.daemon.api import make_app
 from autotuner.daemon.config import ConfigError, DaemonConfig, Webhook, load_config, next_run
@@ -27,6 +26,7 @@ from autotuner.daemon.errors import AlreadyRunning
 from autotuner.daemon.leases import LeaseError, Leases
 from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Store
+from autotuner.engines import envs
 
 SLA = """\
 name: {name}
@@ -647,7 +647,7 @@ def test_unreachable_webhook_gives_up_after_max_attempts(daemon: Daemon) -> None
 
 
 def test_pinned_sla_names_the_engine_and_has_absolute_paths(tmp_path: Path) -> None:
-    from autotuner.sla import parse_sla
+    from autotuner.sla.spec import parse_sla
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
@@ -718,7 +718,7 @@ def test_tune_jobs_can_run_on_ray(tmp_path: Path) -> None:
 def test_a_spool_sla_with_relative_paths_keeps_them_for_other_engines(
     daemon: Daemon, registry: dict[str, envs.EngineEnv]
 ) -> None:
-    from autotuner.sla import parse_sla
+    from autotuner.sla.spec import parse_sla
 
     spool = daemon.root / "spool"
     (spool / "models" / "m").mkdir(parents=True)

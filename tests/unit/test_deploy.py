@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autotuner.deploy import (
+from autotuner.bundle.deploy import (
     default_image,
     docker_argv,
     docker_run,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autotuner.engines.base import LaunchCause
-from autotuner.engines.vllm import VllmEngine, classify_failure, params_to_args, tail
+from autotuner.engines.vllm.launcher import VllmEngine, classify_failure, params_to_args, tail
 
 
 def engine(**kw: object) -> VllmEngine:

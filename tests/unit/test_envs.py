@@ -1,4 +1,4 @@
-"""Unit tests for autotuner.envs: the registry of engine environments.
+"""Unit tests for autotuner.engines.envs: the registry of engine environments.
 
 Interpreters here are real throwaway venvs (``--without-pip``, ~0.2 s) with a fake engine
 distribution written into site-packages as a ``*.dist-info/METADATA``: that is exactly what
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from autotuner import envs, paths
-from autotuner.envs import EngineEnvError, EngineEnvUsageError
+from autotuner.core import paths
+from autotuner.engines import envs
+from autotuner.engines.envs import EngineEnvError, EngineEnvUsageError
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +128,7 @@ def test_registry_survives_reload(py: Path, home: Path) -> None:
     # A fresh process sees the same registry.
     repo = Path(__file__).resolve().parents[2]
     code = (
-        "import json; from autotuner import envs; "
+        "import json; from autotuner.engines import envs; "
         "print(json.dumps([e.to_dict() for e in envs.list_envs()]))"
     )
     out = subprocess.run(

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from autotuner.evaluate import evaluate, metric_value, request_meets
-from autotuner.loadgen import LoadResult, RequestRecord
-from autotuner.sla import parse_sla
+from autotuner.measure.evaluate import evaluate, metric_value, request_meets
+from autotuner.measure.loadgen import LoadResult, RequestRecord
+from autotuner.sla.spec import parse_sla
 
 SLA = """
 name: t

@@ -9,10 +9,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotuner.engines.vllm import ParamValue
-from autotuner.executors import LocalExecutor, gpus_needed
-from autotuner.study import Budget, StudyRunner, make_sampler, open_study, storage_url
-from autotuner.trial import TrialResult
+from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.search.executors import LocalExecutor, gpus_needed
+from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
+from autotuner.search.trial import TrialResult
 
 from .test_study import FIXED, IDENTITY, SLA, surface
 
@@ -54,7 +54,7 @@ class TwoSlots:
 
 
 def _runner(tmp_path: Path, executor: Any, budget: int) -> tuple[StudyRunner, optuna.Study]:
-    from autotuner.sla import parse_sla
+    from autotuner.sla.spec import parse_sla
 
     sla = parse_sla(SLA)
     study = open_study(sla, storage_url(tmp_path, None), make_sampler("random", 10, 2, 0), IDENTITY)

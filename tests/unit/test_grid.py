@@ -11,9 +11,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotuner.sla import SlaError, parse_sla
-from autotuner.space import ParamOverride, SearchSpace, load_space
-from autotuner.study import (
+from autotuner.search.space import ParamOverride, SearchSpace, load_space
+from autotuner.search.study import (
     Budget,
     StudyRunner,
     default_budget,
@@ -23,8 +22,9 @@ from autotuner.study import (
     open_study,
     storage_url,
 )
-from autotuner.trial import Level, TrialResult
-from autotuner.tune import grid_space
+from autotuner.search.trial import Level, TrialResult
+from autotuner.search.tune import grid_space
+from autotuner.sla.spec import SlaError, parse_sla
 
 SLA = """
 name: grid-unit

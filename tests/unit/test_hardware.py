@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from autotuner.hardware import (
+from autotuner.core.hardware import (
     CSV_COLUMNS,
     GIB,
     CpuInfo,
@@ -20,7 +20,7 @@ from autotuner.hardware import (
     HardwareProfile,
     probe,
 )
-from autotuner.sla import Target
+from autotuner.sla.spec import Target
 
 H200_TOTAL = 150_754_820_096  # 143,771 MiB as NVML reports it
 

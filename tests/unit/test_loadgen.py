@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotuner.loadgen import LoadPlan, LoadResult, Progress, run_load
+from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
+from autotuner.measure.workload import Arrival, LengthDist, PromptSource, RequestFactory
 from autotuner.testing.standin import StandinConfig, StandinServer
-from autotuner.workload import Arrival, LengthDist, PromptSource, RequestFactory
 
 
 def plan(

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from autotuner import synth
-from autotuner.hardware import CpuInfo, GpuInfo, HardwareProfile
-from autotuner.memory import (
+from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
+from autotuner.models import synth
+from autotuner.search.memory import (
     CUDA_GRAPH_BYTES,
     GIB,
     ModelShape,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotuner import placement
+from autotuner.search import placement
 
 A, B = "GPU-aaaa", "GPU-bbbb"
 

@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from autotuner import procs
+from autotuner.core import procs
 
 # A parent that starts a child which starts a grandchild, all in one new session.
 FAMILY = textwrap.dedent(
@@ -71,7 +71,7 @@ def test_guard_reaps_the_group_when_its_owner_is_killed() -> None:
         f"""
         import subprocess, sys
         sys.path.insert(0, {os.getcwd()!r})
-        from autotuner import procs
+        from autotuner.core import procs
         fam = subprocess.Popen([sys.executable, "-c", {FAMILY!r}],
                                stdout=subprocess.PIPE, text=True, start_new_session=True)
         fam.stdout.readline()

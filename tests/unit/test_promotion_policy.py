@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autotuner.confirm import Replicate, decide, interleaved_order, spread
-from autotuner.pareto import Candidate, dominates, pareto_front, rank
+from autotuner.search.confirm import Replicate, decide, interleaved_order, spread
+from autotuner.search.pareto import Candidate, dominates, pareto_front, rank
 
 MAX_MIN = ("maximize", "minimize")
 

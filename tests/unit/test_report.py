@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from autotuner.report import (
+from autotuner.bundle.report import (
     Fallback,
     LatencyProfile,
     Point,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from autotuner import synth
+from autotuner.core.hardware import GIB, CpuInfo, GpuInfo, HardwareProfile
 from autotuner.engines.base import LaunchCause
-from autotuner.hardware import GIB, CpuInfo, GpuInfo, HardwareProfile
-from autotuner.rules import CrashMemory, check
+from autotuner.models import synth
+from autotuner.search.rules import CrashMemory, check
 
 H200_TOTAL = 150_754_820_096
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.sla import (
+from autotuner.sla.spec import (
     PERCENTILE_METRIC_RE,
     SCALAR_METRICS,
     ConcurrencyArrival,

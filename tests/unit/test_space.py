@@ -10,7 +10,7 @@ import optuna
 import pytest
 from pydantic import ValidationError
 
-from autotuner.space import (
+from autotuner.search.space import (
     ParamOverride,
     SearchSpace,
     SearchSpec,

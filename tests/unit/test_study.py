@@ -14,8 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotuner.sla import parse_sla
-from autotuner.study import (
+from autotuner.search.study import (
     Budget,
     StudyMismatch,
     StudyRunner,
@@ -24,7 +23,8 @@ from autotuner.study import (
     open_study,
     storage_url,
 )
-from autotuner.trial import Level, TrialResult
+from autotuner.search.trial import Level, TrialResult
+from autotuner.sla.spec import parse_sla
 
 SLA = """
 name: unit
@@ -164,8 +164,8 @@ def test_a_study_is_not_reused_for_another_engine(tmp_path: Path) -> None:
 
 
 def test_memory_limit_is_a_hard_constraint_before_launch() -> None:
-    from autotuner.hardware import CpuInfo, GpuInfo, HardwareProfile
-    from autotuner.tune import memory_limit_reason
+    from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
+    from autotuner.search.tune import memory_limit_reason
 
     gpu = GpuInfo(0, "GPU-x", "H200", (9, 0), 150 * 2**30)
     cpu = CpuInfo("x", 2, 2, 2**34, 2**33)

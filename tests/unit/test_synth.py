@@ -1,4 +1,5 @@
-"""Unit tests for autotuner.synth: configs, tokenizer coverage, safetensors layout, idempotence."""
+"""Unit tests for autotuner.models.synth: configs, tokenizer coverage, safetensors layout,
+idempotence."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotuner import synth
+from autotuner.models import synth
 
 EXPECTED_KEYS = {
     "architectures",

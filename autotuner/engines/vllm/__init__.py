@@ -1,0 +1,1 @@
+"""The vLLM engine adapter: launcher, metric names, defaults, reserved flags, deploy renderer."""

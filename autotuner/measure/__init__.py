@@ -1,0 +1,3 @@
+"""Measuring one config: workload, load generator, monitor, evaluation, bench, engine-version
+comparison.
+"""

@@ -1,0 +1,377 @@
+"""`autotuner bench`: one candidate config measured end to end on a real engine.
+
+Resolve the model (generate it when the SLA asks for a synthetic one) and the engine
+interpreter, launch the engine with the SLA's parameters, load-test it with the SLA's
+workload while watching memory and the engine's metrics, stop it (always), then check every
+constraint and report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from autotuner import __version__
+from autotuner.core.paths import atomic_write_text
+from autotuner.engines import envs
+from autotuner.engines.base import EngineLaunchError
+from autotuner.engines.vllm.launcher import ParamValue, VllmEngine
+from autotuner.measure.evaluate import Evaluation, evaluate
+from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
+from autotuner.measure.monitor import Monitor
+from autotuner.measure.workload import (
+    Arrival,
+    LengthDist,
+    PromptSource,
+    RequestFactory,
+    load_dataset,
+)
+from autotuner.models import synth
+from autotuner.sla.spec import Sla
+
+Say = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def length_dist(spec: Any) -> LengthDist:
+    """SLA token-length field (an int or a distribution model) -> :class:`LengthDist`."""
+    if isinstance(spec, int):
+        return LengthDist.fixed(spec)
+    kind = spec.distribution
+    if kind == "uniform":
+        return LengthDist("uniform", (spec.min + spec.max) / 2, 0.0, spec.min, spec.max)
+    return LengthDist(kind, float(spec.mean), float(spec.stddev), spec.min, spec.max)
+
+
+def arrival_of(sla: Sla) -> Arrival:
+    a = sla.workload.arrival
+    return Arrival(a.process, getattr(a, "rate", None), getattr(a, "concurrency", None))
+
+
+# Request indices per load level on one engine (levels with a duration, not a count).
+LEVEL_INDEX_STRIDE = 1_000_000
+
+
+def build_plan(
+    sla: Sla, model_dir: Path, arrival: Arrival | None = None, level: int = 0
+) -> LoadPlan:
+    """The SLA's workload as a load plan; ``arrival`` overrides the SLA's (rate probing).
+
+    ``level`` > 0 is a later load level on an engine that already served the earlier ones:
+    no warm-up, and requests (prompts, dataset rows) that the earlier levels did not send.
+    """
+    w = sla.workload
+    dataset = load_dataset(sla.resolve_path(w.dataset)) if w.dataset else ()
+    out = length_dist(w.output_tokens) if w.output_tokens is not None else LengthDist.fixed(128)
+    factory = RequestFactory(
+        api=w.api,
+        source=PromptSource.from_model_dir(model_dir),
+        input_len=length_dist(w.input_tokens) if w.input_tokens is not None else None,
+        output_len=out,
+        seed=w.seed,
+        dataset=dataset,
+        first_index=level * (w.requests or LEVEL_INDEX_STRIDE),
+    )
+    return LoadPlan(
+        api=w.api,
+        factory=factory,
+        arrival=arrival or arrival_of(sla),
+        requests=w.requests,
+        duration_s=w.duration_s,
+        warmup_requests=0 if level else w.warmup_requests,
+        request_timeout_s=w.request_timeout_s,
+        deadline_s=w.timeout_s,
+    )
+
+
+def resolve_model(sla: Sla, say: Say = _stderr) -> Path:
+    """The model directory; a synthetic model is generated on first use."""
+    if sla.model.synth:
+        target = synth.default_model_dir(sla.model.synth)
+        if not (target / "autotuner-synth.json").exists():
+            say(f"generating model {sla.model.synth} in {target} ...")
+        return synth.synthesize(sla.model.synth, target)
+    assert sla.model.path is not None
+    path = sla.resolve_path(sla.model.path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model directory {path} has no config.json")
+    return path
+
+
+def engine_params(
+    sla: Sla, model_dir: Path, overrides: Mapping[str, ParamValue] | None = None
+) -> dict[str, ParamValue]:
+    """SLA parameters + overrides; weightless (architecture-only) models load dummy weights."""
+    params: dict[str, ParamValue] = dict(sla.engine.params)
+    params.update(overrides or {})
+    if synth.needs_dummy_load(model_dir):
+        params.setdefault("load_format", "dummy")
+    return params
+
+
+def make_engine(
+    sla: Sla, python: Path, model_dir: Path, params: Mapping[str, ParamValue], log_path: Path
+) -> VllmEngine:
+    return VllmEngine(
+        python=python,
+        model=model_dir,
+        served_name=sla.model.served_name or sla.model.synth or model_dir.name,
+        params=params,
+        extra_args=list(sla.engine.args),
+        env=dict(sla.engine.env),
+        cuda_devices=None if sla.target.kind == "cpu" else list(sla.target.devices),
+        log_path=log_path,
+        startup_timeout_s=sla.engine.startup_timeout_s,
+    )
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    sla_name: str
+    params: dict[str, ParamValue]
+    argv: tuple[str, ...]
+    engine_version: str
+    startup_s: float
+    result: LoadResult
+    evaluation: Evaluation
+    log_path: Path
+
+    def to_dict(self, with_records: bool = True) -> dict[str, Any]:
+        result = self.result.to_dict()
+        if not with_records:
+            result.pop("records")
+        return {
+            "kind": "autotuner.bench",
+            "tuner_version": __version__,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "sla": self.sla_name,
+            "engine_version": self.engine_version,
+            "params": self.params,
+            "argv": list(self.argv),
+            "startup_s": self.startup_s,
+            "errors": self.result.errors(),
+            "requests": len(self.result.records),
+            "failed": len(self.result.failed),
+            **self.evaluation.to_dict(),
+            "engine_log": str(self.log_path),
+            "result": result,
+        }
+
+
+def _progress_printer(say: Say) -> Callable[[Progress], None]:
+    def show(p: Progress) -> None:
+        total = f"/{p.total}" if p.total else ""
+        say(
+            f"  load: {p.done}{total} done, {p.sent - p.done} in flight, "
+            f"{p.failed} failed, {p.elapsed_s:.0f} s"
+        )
+
+    return show
+
+
+async def measure(
+    sla: Sla,
+    engine: VllmEngine,
+    model_dir: Path,
+    *,
+    arrival: Arrival | None = None,
+    say: Say = _stderr,
+) -> tuple[float, LoadResult]:
+    """Launch ``engine``, run the SLA's load (or ``arrival``), always stop it.
+
+    Returns the start-up time and the result with the monitor's summary attached.
+    """
+    plan = build_plan(sla, model_dir, arrival)
+    say(f"starting engine (log: {engine.log_path}) ...")
+    try:
+        endpoint = await engine.launch()
+        say(f"engine healthy after {endpoint.startup_s:.0f} s on {endpoint.base_url}")
+        say(
+            f"load: {plan.arrival.describe()}, {plan.requests or ''} requests"
+            f"{f', {plan.duration_s:g} s' if plan.duration_s else ''}"
+            f", {plan.warmup_requests} warm-up"
+        )
+        gpus = None if sla.target.kind == "cpu" else list(sla.target.devices)
+        monitor = Monitor(endpoint.base_url, engine.processes, gpus)
+        result = await run_load(
+            endpoint.base_url,
+            endpoint.model,
+            plan,
+            progress=_progress_printer(say),
+            around=monitor,
+        )
+        summary = monitor.summary()
+        result = LoadResult(
+            result.plan, result.records, result.duration_s, result.warmup_failed, summary
+        )
+        return endpoint.startup_s, result
+    finally:
+        await engine.stop()
+
+
+async def bench(
+    sla: Sla,
+    *,
+    overrides: Mapping[str, ParamValue] | None = None,
+    run_dir: Path,
+    say: Say = _stderr,
+) -> BenchOutcome:
+    model_dir = resolve_model(sla, say)
+    python, how = envs.resolve_python(sla.engine.name, sla.engine.python)
+    dist, version = envs.probe_version(python)
+    say(f"engine: {dist} {version} ({how})")
+    params = engine_params(sla, model_dir, overrides)
+    engine = make_engine(sla, python, model_dir, params, run_dir / "engine.log")
+    startup_s, result = await measure(sla, engine, model_dir, say=say)
+    return BenchOutcome(
+        sla_name=sla.name,
+        params=params,
+        argv=tuple(engine.argv()),
+        engine_version=f"{dist} {version}",
+        startup_s=startup_s,
+        result=result,
+        evaluation=evaluate(result, sla),
+        log_path=engine.log_path,
+    )
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
+    """The human summary: latency percentiles, throughput, errors, memory, verdicts."""
+    m = outcome.evaluation.metrics
+    r = outcome.result
+    w = out.write
+    w(
+        f"\n{outcome.sla_name}: {outcome.engine_version}, {len(r.records)} requests "
+        f"in {r.duration_s:.1f} s, engine start {outcome.startup_s:.0f} s\n\n"
+    )
+    w(f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}\n")
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        cells = [m.get(f"{k}_{metric}_ms") for k in ("mean", "p50", "p90", "p99")]
+        w(f"{metric.upper():<14}" + "".join(f"{_fmt(c):>10}" for c in cells) + "\n")
+    errors = ", ".join(f"{k}: {v}" for k, v in sorted(r.errors().items())) or "none"
+    mem = m.get("peak_memory_gib")
+    source = r.monitor.get("memory_source", "")
+    engine = r.monitor.get("engine", {})
+    w("\n")
+    w(f"{'request rate':<22}{_fmt(m.get('request_rate'), 2)} req/s\n")
+    w(f"{'output tokens':<22}{_fmt(m.get('output_tokens_per_s'))} tok/s\n")
+    w(f"{'total tokens':<22}{_fmt(m.get('total_tokens_per_s'))} tok/s\n")
+    w(f"{'goodput':<22}{_fmt(m.get('goodput'), 2)} req/s (requests meeting every SLO)\n")
+    w(f"{'errors':<22}{len(r.failed)} of {len(r.records)} ({errors})\n")
+    w(f"{'peak engine memory':<22}{_fmt(mem, 2)} GiB ({source})\n")
+    for uuid, held in sorted(r.monitor.get("engine_gpus", {}).items()):
+        w(f"{'  on ' + uuid[:18]:<22}{_fmt(held / 2**30, 2)} GiB (NVML, the engine's processes)\n")
+    if engine:
+        kv = engine.get("peak_kv_cache_usage")
+        w(
+            f"{'engine':<22}preemptions {_fmt(engine.get('preemptions'), 0)}, "
+            f"peak KV cache {_fmt(kv * 100 if kv is not None else None)}%, "
+            f"peak waiting {_fmt(engine.get('peak_waiting'), 0)}\n"
+        )
+    w("\nSLA\n")
+    for v in outcome.evaluation.verdicts:
+        op = "<=" if v.bound == "max" else ">="
+        status = "PASS" if v.met else "FAIL"
+        w(f"  {status}  {v.key:<26} {_fmt(v.value, 3):>12} {op} {v.limit:g}\n")
+    if not outcome.evaluation.verdicts:
+        w("  (no constraints)\n")
+    verdict = "met" if outcome.evaluation.feasible else "NOT met"
+    w(f"\nSLA {verdict}.\n")
+
+
+def parse_overrides(items: list[str]) -> dict[str, ParamValue]:
+    """``["max_num_seqs=8", "enforce_eager=true"]`` -> typed parameter values."""
+    out: dict[str, ParamValue] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
+        out[key.strip().replace("-", "_")] = _typed(raw.strip())
+    return out
+
+
+def _typed(raw: str) -> ParamValue:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        with contextlib.suppress(ValueError):
+            return cast(raw)
+    return raw
+
+
+def default_run_dir(trials_dir: Path, sla_name: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return trials_dir / sla_name / f"bench-{stamp}"
+
+
+async def _run_cancellable(coro: Any) -> Any:
+    """Run ``coro`` so that SIGTERM cancels it like Ctrl-C (its ``finally`` blocks run)."""
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def main_bench(
+    sla_path: str, output: str | None, sets: list[str], trials_dir: str, show_json: bool
+) -> int:
+    """CLI handler. Exit 0: SLA met; 1: SLA not met; 2: bad input; 3: engine/run failure."""
+    from autotuner.sla.spec import SlaError, load_sla
+
+    try:
+        sla = load_sla(sla_path)
+        overrides = parse_overrides(sets)
+    except SlaError as exc:
+        _stderr(str(exc))
+        return 2
+    except ValueError as exc:
+        _stderr(f"error: {exc}")
+        return 2
+    run_dir = default_run_dir(Path(trials_dir), sla.name)
+    started = time.monotonic()
+    try:
+        outcome = asyncio.run(_run_cancellable(bench(sla, overrides=overrides, run_dir=run_dir)))
+    except EngineLaunchError as exc:
+        _stderr(f"error: {exc}\n--- last lines of {run_dir / 'engine.log'} ---\n{exc.log_tail}")
+        return 3
+    except (envs.EngineEnvError, FileNotFoundError, ValueError) as exc:
+        _stderr(f"error: {exc}")
+        return 2
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        _stderr("interrupted; engine stopped")
+        return 130
+    data = outcome.to_dict()
+    atomic_write_text(run_dir / "result.json", json.dumps(data, indent=2))
+    if output:
+        atomic_write_text(Path(output), json.dumps(data, indent=2))
+    if show_json:
+        print(json.dumps(outcome.to_dict(with_records=False), indent=2))
+    else:
+        print_report(outcome)
+        print(
+            f"full result: {output or run_dir / 'result.json'} "
+            f"({time.monotonic() - started:.0f} s in all)"
+        )
+    return 0 if outcome.evaluation.feasible else 1

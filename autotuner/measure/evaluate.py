@@ -1,0 +1,157 @@
+"""Turns a measured run into the numbers an SLA talks about.
+
+Every metric has one name, shared by SLA constraints, objectives, tables and manifests:
+``p<q>_<ttft|tpot|itl|e2e>_ms``, ``mean_<...>_ms``, ``request_rate``, ``output_tokens_per_s``,
+``total_tokens_per_s``, ``goodput``, ``error_rate``, ``peak_memory_gib``.
+
+A constraint's margin is relative and signed like Optuna's constraints: ``<= 0`` means met.
+Goodput is the rate of requests that succeeded *and* met every per-request latency SLO
+(TTFT, TPOT, E2E, and the request's own p99 inter-token gap for ITL).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from autotuner.measure.loadgen import LoadResult, RequestRecord
+from autotuner.sla.spec import Constraint, Sla
+
+_LATENCY = re.compile(r"^(p(?P<q>\d+(?:\.\d+)?)|mean)_(?P<m>ttft|tpot|itl|e2e)_ms$")
+TABLE_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One SLA constraint checked against one run."""
+
+    key: str
+    metric: str
+    bound: str  # "max" or "min"
+    limit: float
+    value: float | None
+    margin: float  # relative; <= 0 met; inf when the metric could not be measured
+
+    @property
+    def met(self) -> bool:
+        return self.margin <= 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["margin"] = None if math.isinf(self.margin) else self.margin
+        d["met"] = self.met
+        return d
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    metrics: dict[str, float | None]
+    verdicts: tuple[Verdict, ...]
+    objectives: dict[str, float | None]
+
+    @property
+    def feasible(self) -> bool:
+        return all(v.met for v in self.verdicts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "feasible": self.feasible,
+            "metrics": self.metrics,
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "objectives": self.objectives,
+        }
+
+
+def request_meets(record: RequestRecord, slos: dict[str, float]) -> bool:
+    """Whether one request met every per-request latency SLO (milliseconds)."""
+    if not record.ok:
+        return False
+    checks = {
+        "ttft": record.ttft_s,
+        "tpot": record.tpot_s,
+        "e2e": record.e2e_s,
+        "itl": float(np.percentile(record.itl_s, 99)) if record.itl_s else None,
+    }
+    for metric, limit in slos.items():
+        value = checks.get(metric)
+        if value is not None and value * 1000.0 > limit:
+            return False
+    return True
+
+
+def metric_value(result: LoadResult, name: str, slos: dict[str, float]) -> float | None:
+    """The value of metric ``name`` in ``result``; ``None`` when it cannot be measured."""
+    match = _LATENCY.match(name)
+    if match:
+        values = result.latencies_ms(match["m"])
+        if not values.size:
+            return None
+        if match["q"] is None:
+            return float(values.mean())
+        return float(np.percentile(values, float(match["q"])))
+    duration = result.duration_s
+    ok = result.ok
+    total = len(result.records)
+    if name == "error_rate":
+        return len(result.failed) / total if total else None
+    if name == "peak_memory_gib":
+        peak = result.monitor.get("peak_memory_bytes")
+        return float(peak) / 2**30 if peak else None
+    if duration <= 0:
+        return None
+    if name == "request_rate":
+        return len(ok) / duration
+    if name == "output_tokens_per_s":
+        return sum(r.output_tokens for r in ok) / duration
+    if name == "total_tokens_per_s":
+        return sum(r.output_tokens + (r.prompt_tokens or 0) for r in ok) / duration
+    if name == "goodput":
+        return sum(request_meets(r, slos) for r in result.records) / duration
+    raise KeyError(f"unknown metric {name!r}")
+
+
+def table_metrics(result: LoadResult, slos: dict[str, float]) -> dict[str, float | None]:
+    """The standard set of metrics every report shows."""
+    names = [
+        f"{kind}_{m}_ms"
+        for m in ("ttft", "tpot", "itl", "e2e")
+        for kind in ["mean", *(f"p{q:g}" for q in TABLE_PERCENTILES)]
+    ]
+    names += [
+        "request_rate",
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+        "goodput",
+        "error_rate",
+        "peak_memory_gib",
+    ]
+    return {n: metric_value(result, n, slos) for n in names}
+
+
+def evaluate(result: LoadResult, sla: Sla) -> Evaluation:
+    """Check every constraint of ``sla`` and compute its objectives on ``result``."""
+    slos = sla.latency_slos()
+    metrics = table_metrics(result, slos)
+    verdicts = []
+    for c in sla.constraints:
+        value = metrics[c.metric] if c.metric in metrics else metric_value(result, c.metric, slos)
+        metrics.setdefault(c.metric, value)
+        verdicts.append(Verdict(c.key, c.metric, c.bound, c.limit, value, _margin(c, value)))
+    objectives = {}
+    for o in sla.objectives:
+        if o.metric not in metrics:
+            metrics[o.metric] = metric_value(result, o.metric, slos)
+        objectives[o.metric] = metrics[o.metric]
+    return Evaluation(metrics, tuple(verdicts), objectives)
+
+
+def _margin(c: Constraint, value: float | None) -> float:
+    if value is None:
+        return math.inf
+    if c.bound == "max":
+        return (value - c.limit) / c.limit if c.limit else value - c.limit
+    return (c.limit - value) / c.limit if c.limit else c.limit - value

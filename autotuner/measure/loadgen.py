@@ -1,0 +1,442 @@
+"""The load generator: streams OpenAI requests at a running engine and times every token.
+
+Open-loop arrivals (Poisson, constant) are sent on schedule whatever the server does, so a
+slow server faces a growing queue instead of a politely slowed client; closed loop keeps
+``concurrency`` requests in flight. Every request ends as a record: successful, or failed with
+a kind (``http_500``, ``connection``, ``timeout``, ``incomplete``, ``deadline``). Failures
+stay in the result and count against the SLA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from autotuner.measure.workload import Api, Arrival, RequestFactory, RequestSpec
+
+# Warm-up requests use their own prompts, so they cannot seed the prefix cache for the run.
+_WARMUP_INDEX_BASE = 10_000_000
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request's timings (seconds) and outcome."""
+
+    index: int
+    sent_s: float  # offset from the start of the run
+    lag_s: float  # how late it left compared with its scheduled time (client health)
+    requested_tokens: int
+    ttft_s: float | None = None
+    itl_s: tuple[float, ...] = ()
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    error: str | None = None
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first one."""
+        if self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """A complete description of one load run."""
+
+    api: Api
+    factory: RequestFactory
+    arrival: Arrival
+    requests: int | None
+    duration_s: float | None
+    warmup_requests: int = 0
+    request_timeout_s: float = 300.0
+    deadline_s: float | None = None  # hard limit for the measured part
+
+    def __post_init__(self) -> None:
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("a load plan needs a request count or a duration")
+
+    def hard_deadline(self) -> float:
+        """The given deadline, or the planned length plus one request time-out."""
+        if self.deadline_s is not None:
+            return self.deadline_s
+        planned = self.duration_s
+        if planned is None:
+            assert self.requests is not None
+            rate = self.arrival.rate if self.arrival.open_loop else None
+            planned = self.requests / rate if rate else self.requests * 2.0
+        return planned + self.request_timeout_s
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "api": self.api,
+            "arrival": asdict(self.arrival),
+            "requests": self.requests,
+            "duration_s": self.duration_s,
+            "warmup_requests": self.warmup_requests,
+            "seed": self.factory.seed,
+            "input_len": asdict(self.factory.input_len) if self.factory.input_len else None,
+            "output_len": asdict(self.factory.output_len),
+        }
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What one run measured. Percentiles are computed from the raw records on demand."""
+
+    plan: dict[str, Any]
+    records: tuple[RequestRecord, ...]
+    duration_s: float
+    warmup_failed: int = 0
+    monitor: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> list[RequestRecord]:
+        return [r for r in self.records if r.ok]
+
+    @property
+    def failed(self) -> list[RequestRecord]:
+        return [r for r in self.records if not r.ok]
+
+    def errors(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.failed:
+            assert r.error is not None
+            counts[r.error] = counts.get(r.error, 0) + 1
+        return counts
+
+    def latencies_ms(self, metric: str) -> np.ndarray:
+        """Successful requests' ``ttft``, ``tpot``, ``e2e`` per request, or every ``itl`` gap."""
+        ok = self.ok
+        if metric == "itl":
+            values = [g for r in ok for g in r.itl_s]
+        elif metric == "ttft":
+            values = [r.ttft_s for r in ok if r.ttft_s is not None]
+        elif metric == "tpot":
+            values = [t for r in ok if (t := r.tpot_s) is not None]
+        elif metric == "e2e":
+            values = [r.e2e_s for r in ok if r.e2e_s is not None]
+        else:
+            raise KeyError(metric)
+        return np.asarray(values, dtype=float) * 1000.0
+
+    def percentile_ms(self, metric: str, q: float) -> float | None:
+        values = self.latencies_ms(metric)
+        return float(np.percentile(values, q)) if values.size else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan,
+            "duration_s": self.duration_s,
+            "warmup_failed": self.warmup_failed,
+            "monitor": self.monitor,
+            "records": [asdict(r) for r in self.records],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoadResult:
+        records = tuple(RequestRecord(**{**r, "itl_s": tuple(r["itl_s"])}) for r in data["records"])
+        return cls(
+            plan=data["plan"],
+            records=records,
+            duration_s=float(data["duration_s"]),
+            warmup_failed=int(data.get("warmup_failed", 0)),
+            monitor=dict(data.get("monitor", {})),
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    sent: int
+    done: int
+    failed: int
+    total: int | None
+    elapsed_s: float
+
+
+class _Run:
+    """State of one measured run (records, counters) shared by the request tasks."""
+
+    def __init__(self, base_url: str, model: str, api: Api, timeout_s: float) -> None:
+        self.url = base_url.rstrip("/") + (
+            "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        )
+        self.model = model
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=30)
+        self.records: list[RequestRecord] = []
+        self.sent = 0
+        self.failed = 0
+        self.t0 = time.perf_counter()
+        self.last_end = 0.0
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": spec.output_tokens,
+            "ignore_eos": True,  # exact output length, whatever the weights say
+            "temperature": 0.0,
+            # Random weights decoding greedily can repeat a special token; skipped, it would
+            # stream no text at all and leave nothing to time.
+            "skip_special_tokens": False,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if spec.messages is not None:
+            body["messages"] = spec.messages
+        else:
+            body["prompt"] = spec.prompt
+        return body
+
+    async def send(
+        self, session: aiohttp.ClientSession, index: int, spec: RequestSpec, scheduled: float
+    ) -> RequestRecord:
+        """Send one request and record it; also records it when cancelled at the deadline."""
+        start = time.perf_counter()
+        self.sent += 1
+        base: dict[str, Any] = {
+            "index": index,
+            "sent_s": start - self.t0,
+            "lag_s": max(0.0, start - self.t0 - scheduled),
+            "requested_tokens": spec.output_tokens,
+        }
+        try:
+            timing = await self._stream(session, spec, start)
+            record = RequestRecord(**base, **timing)
+        except asyncio.CancelledError:
+            self._add(RequestRecord(**base, error="deadline", detail="cut at the hard deadline"))
+            raise
+        except TimeoutError:
+            record = RequestRecord(**base, error="timeout", detail="request time-out")
+        except _HttpError as exc:
+            record = RequestRecord(**base, error=f"http_{exc.status}", detail=exc.detail)
+        except _Incomplete as exc:
+            record = RequestRecord(**base, error="incomplete", detail=str(exc))
+        except (aiohttp.ClientError, OSError) as exc:
+            record = RequestRecord(**base, error="connection", detail=repr(exc)[:300])
+        except (ValueError, KeyError, TypeError) as exc:
+            record = RequestRecord(**base, error="bad_response", detail=repr(exc)[:300])
+        self._add(record)
+        return record
+
+    def _add(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self.last_end = time.perf_counter() - self.t0
+        if not record.ok:
+            self.failed += 1
+
+    async def _stream(
+        self, session: aiohttp.ClientSession, spec: RequestSpec, start: float
+    ) -> dict[str, Any]:
+        first: float | None = None
+        last = start
+        gaps: list[float] = []
+        chunks = 0
+        usage: dict[str, Any] | None = None
+        done = False
+        async with session.post(self.url, json=self.body(spec), timeout=self.timeout) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:300]
+                raise _HttpError(resp.status, text)
+            async for raw in _body_lines(resp):
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                now = time.perf_counter()
+                event = json.loads(payload)
+                if event.get("error"):
+                    raise _HttpError(500, json.dumps(event["error"])[:300])
+                if event.get("usage"):
+                    usage = event["usage"]
+                if not _has_text(event):
+                    continue
+                chunks += 1
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+        end = time.perf_counter()
+        if not done:
+            raise _Incomplete(f"stream ended after {chunks} chunks without [DONE]")
+        if first is None:
+            raise _Incomplete("no token received")
+        return {
+            "ttft_s": first - start,
+            "itl_s": tuple(gaps),
+            "e2e_s": end - start,
+            "prompt_tokens": usage.get("prompt_tokens") if usage else spec.input_tokens,
+            "output_tokens": int(usage["completion_tokens"]) if usage else chunks,
+        }
+
+
+async def _body_lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The body's lines; a connection lost after the headers makes the request incomplete."""
+    try:
+        async for raw in resp.content:
+            yield raw
+    except aiohttp.ClientError as exc:
+        raise _Incomplete(f"connection lost mid-stream: {exc!r}"[:300]) from None
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class _Incomplete(Exception):
+    pass
+
+
+def _has_text(event: dict[str, Any]) -> bool:
+    for choice in event.get("choices") or ():
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content"):
+            return True
+    return False
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+async def run_load(
+    base_url: str,
+    model: str,
+    plan: LoadPlan,
+    *,
+    progress: ProgressFn | None = None,
+    progress_every_s: float = 2.0,
+    around: contextlib.AbstractAsyncContextManager[Any] | None = None,
+) -> LoadResult:
+    """Run ``plan`` against the server at ``base_url`` and return every request's record.
+
+    ``around`` (e.g. a :class:`~autotuner.measure.monitor.Monitor`) is entered after the warm-up and
+    left when the measured part ends, so what it observes matches the records.
+
+    Returns at the latest ``plan.hard_deadline()`` seconds after the measured part starts
+    (plus the warm-up): requests still open then are cancelled and recorded as ``deadline``.
+    """
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        warmup_failed = await _warmup(session, base_url, model, plan)
+        async with around or contextlib.nullcontext():
+            run = _Run(base_url, model, plan.api, plan.request_timeout_s)
+            ticker = asyncio.create_task(_tick(run, plan, progress, progress_every_s))
+            try:
+                if plan.arrival.open_loop:
+                    await _open_loop(run, session, plan)
+                else:
+                    await _closed_loop(run, session, plan)
+            finally:
+                ticker.cancel()
+        if progress:
+            progress(_progress(run, plan))
+    records = tuple(sorted(run.records, key=lambda r: r.index))
+    return LoadResult(
+        plan=plan.describe(), records=records, duration_s=run.last_end, warmup_failed=warmup_failed
+    )
+
+
+async def _warmup(session: aiohttp.ClientSession, base_url: str, model: str, plan: LoadPlan) -> int:
+    if plan.warmup_requests <= 0:
+        return 0
+    run = _Run(base_url, model, plan.api, plan.request_timeout_s)
+    queue = iter(range(plan.warmup_requests))
+
+    async def worker() -> None:
+        for i in queue:
+            index = _WARMUP_INDEX_BASE + i
+            await run.send(session, index, plan.factory.make(index), 0.0)
+
+    await asyncio.gather(*(worker() for _ in range(min(4, plan.warmup_requests))))
+    return run.failed
+
+
+async def _open_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) -> None:
+    deadline = run.t0 + plan.hard_deadline()
+    tasks: list[asyncio.Task[RequestRecord]] = []
+    count = itertools.count() if plan.requests is None else range(plan.requests)
+    try:
+        for i, offset in zip(count, plan.arrival.offsets(plan.factory.seed), strict=False):
+            if plan.duration_s is not None and offset >= plan.duration_s:
+                break
+            if run.t0 + offset >= deadline:
+                break
+            delay = run.t0 + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(run.send(session, i, plan.factory.make(i), offset)))
+        remaining = deadline - time.perf_counter()
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, remaining))
+    finally:
+        await _cancel(tasks)
+
+
+async def _closed_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) -> None:
+    assert plan.arrival.concurrency is not None
+    indexes = itertools.count()
+
+    async def worker() -> None:
+        for i in indexes:
+            if plan.requests is not None and i >= plan.requests:
+                return
+            elapsed = time.perf_counter() - run.t0
+            if plan.duration_s is not None and elapsed >= plan.duration_s:
+                return
+            await run.send(session, i, plan.factory.make(i), elapsed)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(plan.arrival.concurrency)]
+    try:
+        await asyncio.wait(tasks, timeout=plan.hard_deadline())
+    finally:
+        await _cancel(tasks)
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _progress(run: _Run, plan: LoadPlan) -> Progress:
+    return Progress(
+        sent=run.sent,
+        done=len(run.records),
+        failed=run.failed,
+        total=plan.requests,
+        elapsed_s=time.perf_counter() - run.t0,
+    )
+
+
+async def _tick(run: _Run, plan: LoadPlan, progress: ProgressFn | None, every: float) -> None:
+    if progress is None:
+        return
+    while True:
+        await asyncio.sleep(every)
+        progress(_progress(run, plan))

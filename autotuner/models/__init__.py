@@ -1,0 +1,1 @@
+"""Offline model directories (generated shapes and tiny models)."""

@@ -1,0 +1,3 @@
+"""The study: search space, rules, memory model, ask/tell loop, executors, trials, confirmation,
+Pareto front.
+"""

@@ -1,0 +1,67 @@
+"""Where trials run: in this process, one after the other, or as Ray tasks across a cluster.
+
+The study loop only submits ``(params, trial_dir)`` and waits for results; it never knows
+which executor it has. The local executor runs each trial when the loop waits for it. The
+Ray executor (:mod:`autotuner.search.ray_executor`, imported only when asked for) runs each one as
+a Ray task that holds the GPUs its parallelism needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.search.trial import TrialResult
+
+RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
+
+
+class Executor(Protocol):
+    name: str
+
+    def capacity(self) -> int:
+        """How many trials may be in flight at once now."""
+
+    def submit(self, params: dict[str, ParamValue], trial_dir: Path) -> Hashable:
+        """Start a trial (or queue it); its artifacts end up in ``trial_dir``."""
+
+    def wait_any(self) -> list[tuple[Hashable, TrialResult]]:
+        """Block until at least one submitted trial is settled; return those settled."""
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Runs trials in this process, one at a time (the engine owns the device)."""
+
+    name = "local"
+
+    def __init__(self, run: RunTrial) -> None:
+        self.run = run
+        self._queue: list[tuple[object, dict[str, ParamValue], Path]] = []
+
+    def capacity(self) -> int:
+        return 1
+
+    def submit(self, params: dict[str, ParamValue], trial_dir: Path) -> Hashable:
+        handle = object()
+        self._queue.append((handle, params, trial_dir))
+        return handle
+
+    def wait_any(self) -> list[tuple[Hashable, TrialResult]]:
+        handle, params, trial_dir = self._queue.pop(0)
+        return [(handle, self.run(params, trial_dir))]
+
+    def close(self) -> None:
+        self._queue.clear()
+
+
+def gpus_needed(params: dict[str, ParamValue]) -> int:
+    """GPUs one engine takes: tensor x pipeline parallel size."""
+    n = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = params.get(key)
+        n *= int(value) if isinstance(value, int) and value > 0 else 1
+    return n

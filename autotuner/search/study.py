@@ -1,0 +1,496 @@
+"""The study: an Optuna ask/tell loop over engine configs, stored in an RDB (SQLite default).
+
+The storage is the single source of truth: re-running the same command resumes the study.
+At start-up, trials left RUNNING by a crash are failed and their configs queued again; the
+engine defaults run first as the baseline; each suggestion is checked against known rules,
+the memory model and earlier launch crashes before anything is launched (pruned with the
+reason otherwise); a config measured before is not launched again (its result is reused).
+Feasibility is stored as Optuna constraints (``trial.set_constraint``; feasible when every
+value is <= 0), one per SLA constraint, measured at the SLA's own load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.search.executors import Executor, LocalExecutor, RunTrial
+from autotuner.search.space import ParamValue as GridValue
+from autotuner.search.trial import TrialResult
+from autotuner.sla.spec import Sla
+
+Say = Callable[[str], None]
+
+ROLE = "role"  # user attr: "baseline", "candidate"
+CONFIG_KEY = "config_key"  # user attr: canonical JSON of the full engine params
+RESULT = "result_file"  # user attr: path of trial.json, relative to the study directory
+REQUEUED = "requeued_from"  # user attr on a re-run of an interrupted trial
+
+# Safety valves for tiny spaces: stop asking when nothing new comes out.
+MAX_CONSECUTIVE_SKIPS = 40
+
+
+class StudyMismatch(Exception):
+    """The stored study was made for another SLA, engine or search space."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int  # finished launches, baseline included
+    time_s: float | None = None
+
+
+def config_key(params: Mapping[str, ParamValue]) -> str:
+    return json.dumps(dict(sorted(params.items())), sort_keys=True, separators=(",", ":"))
+
+
+def storage_url(study_dir: Path, url: str | None) -> str:
+    if url:
+        return url
+    study_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(study_dir / 'study.db').resolve()}"
+
+
+Grid = Mapping[str, Sequence[GridValue]]
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, fitted to this study loop.
+
+    A grid point is taken when a trial first suggests a parameter, not when it is asked:
+    the baseline trial suggests nothing, so it must not use up a point (upstream gives trial
+    ``n`` point ``n`` on ask). Points go in the seeded shuffled order, the lowest free index
+    first, so a resumed study continues the same sequence. The loop stops on the budget or an
+    exhausted grid, not through ``study.stop()``, which raises outside ``optimize``.
+    """
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        pass
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        pass
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: optuna.distributions.BaseDistribution,
+    ) -> Any:
+        if "grid_id" not in trial.system_attrs:
+            storage = study._storage
+            if "grid_id" not in storage.get_trial_system_attrs(trial._trial_id):
+                free = self.free_points(study)
+                grid_id = min(free) if free else 0  # none free: a repeat, reused as such
+                storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
+                storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
+            trial = storage.get_trial(trial._trial_id)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+    def free_points(self, study: optuna.Study) -> list[int]:
+        """Grid points neither settled nor running. Upstream's unvisited list falls back to
+        the running ones once all have started: with trials in flight that launches a repeat."""
+        taken = {
+            t.system_attrs["grid_id"]
+            for t in study._storage.get_all_trials(study._study_id, deepcopy=False)
+            if "grid_id" in t.system_attrs
+            and self._same_search_space(t.system_attrs["search_space"])
+            and (t.state.is_finished() or t.state == TrialState.RUNNING)
+        }
+        return [i for i in range(len(self._all_grids)) if i not in taken]
+
+
+def grid_budget(grid: Grid) -> int:
+    """Launches that cover a whole grid: every point once, plus the baseline."""
+    return math.prod(len(v) for v in grid.values()) + 1
+
+
+def default_budget(sla: Sla, grid: Grid | None) -> int:
+    """The SLA's ``tune.trials``; a grid study that does not set it covers its whole grid."""
+    if grid is not None and "trials" not in sla.tune.model_fields_set:
+        return grid_budget(grid)
+    return sla.tune.trials
+
+
+def make_sampler(
+    kind: str, budget: int, n_objectives: int, seed: int, grid: Grid | None = None
+) -> optuna.samplers.BaseSampler:
+    """``auto``: TPE (multivariate) for small budgets, NSGA-II from 100 trials up.
+
+    ``grid``: every combination of ``grid``'s values (vLLM auto_tune style), needs ``grid``.
+    Optuna's GP sampler would suit small budgets well but needs PyTorch, which the tuner
+    itself must not depend on.
+    """
+    if kind == "grid":
+        if not grid:
+            raise ValueError("the grid sampler needs parameters with explicit values")
+        return GridSampler(grid, seed=seed)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "nsga2" or (kind == "auto" and budget >= 100):
+        return optuna.samplers.NSGAIISampler(
+            seed=seed, population_size=min(50, max(8, budget // 5))
+        )
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    # group=True: the baseline trial has no params, so without groups the multivariate
+    # search space (params common to every finished trial) stays empty all study long.
+    return optuna.samplers.TPESampler(
+        seed=seed,
+        multivariate=True,
+        group=True,
+        constant_liar=True,
+        n_startup_trials=max(2, min(10, budget // 4)),
+    )
+
+
+def open_study(
+    sla: Sla, url: str, sampler: optuna.samplers.BaseSampler, identity: dict[str, str]
+) -> optuna.Study:
+    """Create or load the study; refuse one made for another SLA, engine or space."""
+    directions = [o.direction for o in sla.objectives]
+    study = optuna.create_study(
+        study_name=sla.name,
+        storage=url,
+        sampler=sampler,
+        directions=directions,
+        load_if_exists=True,
+    )
+    if [d.name.lower() for d in study.directions] != directions:
+        raise StudyMismatch(
+            f"study {sla.name!r} in {url} has other objectives; use another study name"
+        )
+    stored = study.user_attrs.get("identity")
+    if stored is None:
+        study.set_user_attr("identity", identity)
+        study.set_user_attr("objectives", [o.metric for o in sla.objectives])
+    else:
+        changed = [k for k in identity if stored.get(k) != identity[k]]
+        if changed:
+            raise StudyMismatch(
+                f"study {sla.name!r} was run with another {', '.join(changed)} "
+                f"({', '.join(f'{k}: {stored.get(k)}' for k in changed)}); trials would not be "
+                "comparable: give this run another study name (--study NAME) or delete the study"
+            )
+    return study
+
+
+def fail_stale(study: optuna.Study, say: Say) -> list[int]:
+    """Fail trials left RUNNING by a crash and queue their configs again (once each).
+
+    With ask/tell there is no heartbeat, so nothing else would ever close them.
+    """
+    stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+    storage = study._storage  # public API has no way to fail another process's trial
+    for t in stale:
+        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if t.user_attrs.get(ROLE) != "baseline" and t.params:
+            study.enqueue_trial(t.params, user_attrs={REQUEUED: t.number})
+        say(f"trial {t.number} was interrupted: failed, and its config queued again")
+    return [t.number for t in stale]
+
+
+def counted(t: FrozenTrial) -> bool:
+    """Trials that spent the budget: a finished launch, or a launch that crashed."""
+    if t.state == TrialState.COMPLETE:
+        return "duplicate_of" not in t.user_attrs
+    return t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")
+
+
+def baseline_done(study: optuna.Study) -> bool:
+    return any(
+        t.user_attrs.get(ROLE) == "baseline"
+        and t.state in (TrialState.COMPLETE, TrialState.FAIL)
+        and not t.user_attrs.get("interrupted")
+        for t in study.get_trials(deepcopy=False)
+    )
+
+
+def objective_values(result: TrialResult, sla: Sla) -> list[float] | None:
+    values = [result.metric(o.metric) for o in sla.objectives]
+    if any(v is None or math.isnan(v) for v in values):
+        return None
+    return [float(v) for v in values if v is not None]
+
+
+def tell_result(
+    study: optuna.Study, trial: optuna.Trial, result: TrialResult, sla: Sla, rel_file: str
+) -> TrialState:
+    trial.set_user_attr(RESULT, rel_file)
+    trial.set_user_attr("status", result.status)
+    trial.set_user_attr("max_load", result.max_load)
+    trial.set_user_attr("metrics", {m: result.metric(m) for m in _summary_metrics(sla)})
+    if result.reason:
+        trial.set_user_attr("reason", result.reason)
+    if result.status == "failed":
+        trial.set_user_attr("cause", result.cause)
+        study.tell(trial, state=TrialState.FAIL)
+        return TrialState.FAIL
+    values = objective_values(result, sla)
+    if values is None:
+        trial.set_user_attr("reason", "no successful request: objectives not measurable")
+        study.tell(trial, state=TrialState.FAIL)
+        return TrialState.FAIL
+    for key, margin in result.margins().items():
+        trial.set_constraint(key, 1.0 if margin is None else margin)
+    study.tell(trial, values)
+    return TrialState.COMPLETE
+
+
+def _summary_metrics(sla: Sla) -> list[str]:
+    names = [
+        "goodput",
+        "request_rate",
+        "output_tokens_per_s",
+        "p50_ttft_ms",
+        "p99_ttft_ms",
+        "p99_tpot_ms",
+        "p99_itl_ms",
+        "p99_e2e_ms",
+        "error_rate",
+        "peak_memory_gib",
+    ]
+    names += [c.metric for c in sla.constraints] + [o.metric for o in sla.objectives]
+    return list(dict.fromkeys(names))
+
+
+def feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and all(c <= 0 for c in t.constraints.values())
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    return "-" if v is None else f"{v:.2f}{unit}"
+
+
+@dataclass
+class _Pending:
+    """A trial asked from the study and handed to the executor."""
+
+    trial: optuna.Trial
+    params: dict[str, ParamValue]
+    baseline: bool
+    trial_dir: Path
+    started: float
+
+
+class StudyRunner:
+    """Runs the ask/tell loop of one study until its budget is spent."""
+
+    def __init__(
+        self,
+        sla: Sla,
+        study: optuna.Study,
+        study_dir: Path,
+        *,
+        suggest: Callable[[optuna.Trial], dict[str, ParamValue]],
+        fixed: Mapping[str, ParamValue],
+        prune: Callable[[dict[str, ParamValue]], str | None],
+        run: RunTrial | None = None,
+        budget: Budget,
+        on_crash: Callable[[dict[str, ParamValue], str], None] = lambda p, c: None,
+        say: Say = print,
+        executor: Executor | None = None,
+    ) -> None:
+        self.sla = sla
+        self.study = study
+        self.dir = study_dir
+        self.suggest = suggest
+        self.fixed = dict(fixed)
+        self.prune = prune
+        if executor is None:
+            if run is None:
+                raise ValueError("StudyRunner needs run= or executor=")
+            executor = LocalExecutor(run)
+        self.executor = executor
+        self.budget = budget
+        self.on_crash = on_crash
+        self.say = say
+        self.started = time.monotonic()
+        self.launch_times: list[float] = []
+
+    def spent(self) -> int:
+        return sum(counted(t) for t in self.study.get_trials(deepcopy=False))
+
+    def time_left(self) -> bool:
+        if self.budget.time_s is None:
+            return True
+        mean = sum(self.launch_times) / len(self.launch_times) if self.launch_times else 0.0
+        return time.monotonic() - self.started + mean <= self.budget.time_s
+
+    def grid_done(self) -> bool:
+        """A grid study has nothing left to ask: the baseline and every point settled or in
+        flight, and no interrupted config queued again."""
+        sampler = self.study.sampler
+        if not isinstance(sampler, GridSampler):
+            return False
+        trials = self.study.get_trials(deepcopy=False)
+        baseline = baseline_done(self.study) or any(
+            t.user_attrs.get(ROLE) == "baseline" and t.state == TrialState.RUNNING for t in trials
+        )
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        return baseline and not waiting and not sampler.free_points(self.study)
+
+    def _stop_reason(self, skips: int) -> str | None:
+        if self.grid_done():
+            return "grid done: every point was measured, pruned or reused"
+        if skips >= MAX_CONSECUTIVE_SKIPS:
+            return (
+                f"stopping: {skips} suggestions in a row were pruned or repeats "
+                "(the search space is exhausted or too constrained)"
+            )
+        return None
+
+    def loop(self) -> None:
+        """Keep the executor busy (up to its capacity) until the budget is spent.
+
+        With more than one trial in flight, Optuna's sampler sees the running ones (TPE's
+        constant liar keeps it from suggesting the same region twice).
+        """
+        skips = 0
+        in_flight: dict[Hashable, _Pending] = {}
+        stop: str | None = None
+        while True:
+            while (
+                stop is None
+                and len(in_flight) < self.executor.capacity()
+                and self.spent() + len(in_flight) < self.budget.trials
+                and self.time_left()
+            ):
+                stop = self._stop_reason(skips)
+                if stop is not None:
+                    break
+                pending = self.prepare()
+                if pending is None:
+                    skips += 1
+                    continue
+                skips = 0
+                in_flight[self.executor.submit(pending.params, pending.trial_dir)] = pending
+            if not in_flight:
+                break
+            for handle, result in self.executor.wait_any():
+                self.finish(in_flight.pop(handle), result)
+        if stop is not None:
+            self.say(stop)
+
+    def step(self) -> bool:
+        """Ask one trial and settle it. Returns whether an engine was launched."""
+        pending = self.prepare()
+        if pending is None:
+            return False
+        handle = self.executor.submit(pending.params, pending.trial_dir)
+        for h, result in self.executor.wait_any():
+            assert h == handle
+            self.finish(pending, result)
+        return True
+
+    def prepare(self) -> _Pending | None:
+        """Ask one trial; settle it at once (reused, pruned) or return it to launch."""
+        trial = self.study.ask()
+        baseline = not baseline_done(self.study) and not self._baseline_running(trial)
+        if baseline:
+            trial.set_user_attr(ROLE, "baseline")
+            suggested: dict[str, ParamValue] = {}
+        else:
+            trial.set_user_attr(ROLE, "candidate")
+            suggested = self.suggest(trial)
+        params = {**self.fixed, **suggested}
+        key = config_key(params)
+        trial.set_user_attr(CONFIG_KEY, key)
+        trial.set_user_attr("params_full", params)
+        earlier = self._earlier(key, trial.number)
+        if earlier is not None:
+            self._reuse(trial, earlier)
+            return None
+        if not baseline:
+            reason = self.prune(params)
+            if reason:
+                trial.set_user_attr("reason", reason)
+                self.study.tell(trial, state=TrialState.PRUNED)
+                self.say(f"trial {trial.number}: pruned before launch: {reason}")
+                return None
+        n_done = self.spent() + 1
+        role = "baseline (engine defaults)" if baseline else "candidate"
+        tuned = {k: v for k, v in params.items() if k not in self.fixed} or "engine defaults"
+        where = "" if self.executor.name == "local" else f" [{self.executor.name}]"
+        self.say(f"trial {trial.number} ({n_done}/{self.budget.trials}, {role}){where}: {tuned}")
+        trial_dir = self.dir / f"trial-{trial.number:03d}"
+        return _Pending(trial, params, baseline, trial_dir, time.monotonic())
+
+    def _baseline_running(self, trial: optuna.Trial) -> bool:
+        return any(
+            t.user_attrs.get(ROLE) == "baseline"
+            and t.state == TrialState.RUNNING
+            and t.number != trial.number
+            for t in self.study.get_trials(deepcopy=False)
+        )
+
+    def _earlier(self, key: str, number: int) -> FrozenTrial | None:
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get(CONFIG_KEY) == key and t.number != number:
+                return t
+        return None
+
+    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+        trial.set_user_attr("duplicate_of", earlier.number)
+        for attr in (RESULT, "status", "max_load", "metrics"):
+            if attr in earlier.user_attrs:
+                trial.set_user_attr(attr, earlier.user_attrs[attr])
+        for key, value in earlier.constraints.items():
+            trial.set_constraint(key, value)
+        self.study.tell(trial, earlier.values)
+        self.say(f"trial {trial.number}: same config as trial {earlier.number}; result reused")
+
+    def finish(self, pending: _Pending, result: TrialResult) -> None:
+        """Tell the study what a launch measured."""
+        self.launch_times.append(time.monotonic() - pending.started)
+        rel = str((pending.trial_dir / "trial.json").relative_to(self.dir))
+        state = tell_result(self.study, pending.trial, result, self.sla, rel)
+        if result.status == "failed":
+            self.on_crash(pending.params, result.cause or "other")
+            self.say(
+                f"  trial {pending.trial.number}: launch failed ({result.cause}): {result.reason}"
+            )
+        else:
+            self._report(pending.trial.number, result, state)
+
+    def _report(self, number: int, result: TrialResult, state: TrialState) -> None:
+        verdict = "meets the SLA" if result.feasible else f"infeasible: {result.reason}"
+        self.say(
+            f"  -> {verdict}; goodput {_fmt(result.metric('goodput'), ' req/s')}, "
+            f"p99 TTFT {_fmt(result.metric('p99_ttft_ms'), ' ms')} "
+            f"({result.duration_s:.0f} s)"
+        )
+        best = best_so_far(self.study)
+        left = self.budget.trials - self.spent()
+        eta = left * (sum(self.launch_times) / len(self.launch_times))
+        if best is not None:
+            self.say(
+                f"  best so far: trial {best.number}, goodput "
+                f"{_fmt(best.user_attrs.get('metrics', {}).get('goodput'), ' req/s')}; "
+                f"{left} launches left, ETA {eta / 60:.0f} min"
+            )
+
+
+def best_so_far(study: optuna.Study) -> FrozenTrial | None:
+    """The feasible trial with the best first objective (a progress hint, not the promotion)."""
+    cands = [t for t in study.get_trials(deepcopy=False) if feasible(t) and t.values]
+    if not cands:
+        return None
+    sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    return max(cands, key=lambda t: sign * t.values[0])

@@ -1,0 +1,325 @@
+"""`autotuner tune`: a real study on real engines, ending with a promoted bundle.
+
+Wires the parts: model and engine environment, hardware probe, version-specific search space,
+Optuna study (resumable), pruning (rules, memory model, earlier crashes), one launch per trial
+with several load levels, then confirmation and promotion. Re-running the same command resumes
+the study where it stopped: finished trials are never repeated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotuner.bundle.promote import Context, promote
+from autotuner.core import hardware
+from autotuner.core.paths import atomic_write_text
+from autotuner.core.procs import sigterm_as_interrupt
+from autotuner.engines import envs
+from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.measure.bench import resolve_model
+from autotuner.search import rules
+from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
+from autotuner.search.space import ParamValue as SpaceValue
+from autotuner.search.study import (
+    Budget,
+    Grid,
+    StudyMismatch,
+    StudyRunner,
+    counted,
+    default_budget,
+    fail_stale,
+    grid_budget,
+    make_sampler,
+    open_study,
+    storage_url,
+)
+from autotuner.search.trial import SearchSettings, TrialResult, run_trial
+from autotuner.sla.spec import Sla, SlaError, load_sla, to_yaml
+
+VLLM_DEFAULT_GMU = 0.92  # vLLM's default gpu_memory_utilization
+# What NVML shows beyond vLLM's pool (CUDA context, graphs): on an H200 with vLLM 0.26 at 0.92
+# of 140.4 GiB the engine peaked at 132.1 GiB, 2.9 GiB above the pool.
+OUTSIDE_POOL_GIB = 3.0
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _identity(
+    sla: Sla, engine: str, space: SearchSpace, model_dir: Path, hw: Any, grid: Grid | None = None
+) -> dict[str, str]:
+    """What must not change within one study, or its trials stop being comparable."""
+    workload = json.dumps(sla.workload.model_dump(mode="json"), sort_keys=True)
+    extra = {"grid": json.dumps(grid, sort_keys=True)} if grid is not None else {}
+    return {
+        **extra,
+        "engine": engine,
+        "space": space.hash()[:16],
+        "model": hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()[:16],
+        "target": f"{sla.target.kind}:{','.join(sla.target.devices)}",
+        "workload": hashlib.sha256(workload.encode()).hexdigest()[:16],
+        "constraints": json.dumps({c.key: c.limit for c in sla.constraints}, sort_keys=True),
+    }
+
+
+def _crash_memory(study: optuna.Study, space: SearchSpace) -> rules.CrashMemory:
+    """Rebuild what earlier launches taught: configs that crashed, with their cause."""
+    defaults = {k: v for k, v in space.defaults.items() if v is not None}
+    memory = rules.CrashMemory(defaults={**defaults, **space.fixed})
+    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        cause = t.user_attrs.get("cause")
+        if cause:
+            memory.record(t.user_attrs.get("params_full", {}), cause, label=f"trial {t.number}")
+    return memory
+
+
+def grid_space(
+    space: SearchSpace,
+    overrides: Mapping[str, ParamOverride],
+    load: Callable[[Mapping[str, ParamOverride]], SearchSpace],
+) -> tuple[SearchSpace, dict[str, list[SpaceValue]], dict[str, SpaceValue]]:
+    """The space of a grid study, its grid, and the grid's one-value dimensions.
+
+    Only the parameters the SLA lists with ``values`` are tuned; every other one is excluded
+    (the engine decides), so ``load`` resolves the space again with those exclusions. A
+    one-value list (``gpu_memory_utilization: {values: [0.9]}``) is a dimension of the grid,
+    given to every grid point but not to the baseline, which stays the engine defaults.
+    """
+    listed = [n for n, o in overrides.items() if o.values is not None]
+    off = {p.name: ParamOverride(exclude=True) for p in space.params if p.name not in listed}
+    narrowed = load({**overrides, **off}) if off else space
+    single = {n: narrowed.fixed[n] for n in listed if narrowed.fixed_by.get(n) == "only value left"}
+    grid = {p.name: list(p.choices or ()) for p in narrowed.params}
+    if not grid:
+        raise SpaceError(["tune.sampler grid: no parameter of search.params has two values left"])
+    fixed = {k: v for k, v in narrowed.fixed.items() if k not in single}
+    return dataclasses.replace(narrowed, fixed=fixed), grid, single
+
+
+def memory_limit_reason(
+    params: Mapping[str, ParamValue], hw: hardware.HardwareProfile, limit_gib: float | None
+) -> str | None:
+    """The SLA's memory limit as a hard constraint before launch: a GPU engine takes
+    ``gpu_memory_utilization`` of each of its GPUs up front, so that fraction decides."""
+    if limit_gib is None or hw.device != "gpu":
+        return None
+    gmu = params.get("gpu_memory_utilization")
+    fraction = float(gmu) if isinstance(gmu, int | float) else VLLM_DEFAULT_GMU
+    ranks = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = params.get(key)
+        ranks *= int(value) if isinstance(value, int) else 1
+    need = (fraction * hw.device_memory_total / 2**30 + OUTSIDE_POOL_GIB) * ranks
+    if need > limit_gib:
+        return (
+            f"would take {need:.1f} GiB (gpu_memory_utilization {fraction:g} of "
+            f"{hw.device_memory_total / 2**30:.1f} GiB + {OUTSIDE_POOL_GIB:g} GiB, x {ranks} GPU) "
+            f"> the SLA's max_gpu_memory_gib {limit_gib:g}"
+        )
+    return None
+
+
+def tune(
+    sla: Sla,
+    *,
+    trials_dir: Path,
+    budget_trials: int | None = None,
+    extra_trials: int = 0,
+    executor: str = "local",
+    address: str | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the study of ``sla`` and promote. Returns the manifest.
+
+    ``extra_trials`` > 0 sets the budget to the launches already counted plus that many (a
+    re-tune of a finished study).
+    """
+    model_dir = resolve_model(sla, _say)
+    python, how = envs.resolve_python(sla.engine.name, sla.engine.python)
+    dist, version = envs.probe_version(python)
+    engine = f"{dist} {version}"
+    hw = hardware.probe(sla.target)
+
+    def load(overrides: Mapping[str, ParamOverride]) -> SearchSpace:
+        return load_space_for(
+            "vllm",
+            version,
+            hw,
+            allow_lossy=sla.search.allow_lossy,
+            overrides=overrides,
+            engine_params=sla.engine.params,
+        )
+
+    space = load(sla.search.params)
+    grid: Grid | None = None
+    grid_only: dict[str, SpaceValue] = {}
+    if sla.tune.sampler == "grid":
+        space, grid, grid_only = grid_space(space, sla.search.params, load)
+    study_dir = trials_dir / sla.name
+    url = storage_url(study_dir, sla.tune.storage)
+    budget = Budget(budget_trials or default_budget(sla, grid), sla.tune.time_budget_s)
+    _say(f"study {sla.name} in {study_dir} ({url.split('://')[0]} storage)")
+    _say(f"engine: {engine} ({how})")
+    _say(hw.summary())
+    for line in space.describe():
+        _say(f"  {line}")
+    dims: Grid | None = None
+    if grid is not None:
+        dims = {**grid, **{k: [v] for k, v in grid_only.items()}}
+        _say(
+            f"grid: {' x '.join(f'{k} {v}' for k, v in dims.items())} = "
+            f"{grid_budget(grid) - 1} points after the baseline; budget {budget.trials} launches"
+        )
+    sampler = make_sampler(
+        sla.tune.sampler, budget.trials, len(sla.objectives), sla.tune.seed, grid
+    )
+    identity = _identity(sla, engine, space, model_dir, hw, dims)
+    study = open_study(sla, url, sampler, identity)
+    atomic_write_text(study_dir / "sla.yaml", to_yaml(sla))
+    fail_stale(study, _say)
+    if extra_trials > 0:
+        done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+        budget = Budget(done + extra_trials, budget.time_s)
+        _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
+    memory = _crash_memory(study, space)
+    model_cfg = json.loads((model_dir / "config.json").read_text())
+    cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
+    settings = SearchSettings(max_levels=sla.tune.max_levels, step=sla.tune.rate_step)
+
+    mem_limit = next((c.limit for c in sla.constraints if c.metric == "peak_memory_gib"), None)
+
+    def prune(params: dict[str, ParamValue]) -> str | None:
+        reasons = rules.check(
+            params, model_cfg=model_cfg, hardware=hw, max_model_len=None, env=sla.engine.env
+        )
+        over = memory_limit_reason(params, hw, mem_limit)
+        if over:
+            reasons.append(over)
+        return "; ".join(reasons) if reasons else memory.near_crash(params)
+
+    def run(params: Mapping[str, ParamValue], trial_dir: Path) -> TrialResult:
+        return run_trial(
+            params,
+            sla,
+            python=python,
+            model_dir=model_dir,
+            run_dir=trial_dir,
+            cuda_devices=cuda,
+            settings=settings,
+            say=_say,
+        )
+
+    def suggest(trial: optuna.Trial) -> dict[str, ParamValue]:
+        return {**space.suggest(trial), **grid_only}
+
+    def crashed(params: dict[str, ParamValue], cause: str) -> None:
+        memory.record(params, cause)
+
+    remote = None
+    if executor == "ray":
+        from autotuner.search.ray_executor import RayExecutor
+
+        remote = RayExecutor(
+            sla, python=python, model_dir=model_dir, settings=settings, address=address, say=_say
+        )
+    runner = StudyRunner(
+        sla,
+        study,
+        study_dir,
+        suggest=suggest,
+        fixed=space.fixed,
+        prune=prune,
+        run=run,
+        budget=budget,
+        on_crash=crashed,
+        say=_say,
+        executor=remote,
+    )
+    started = time.monotonic()
+    try:
+        runner.loop()
+        _say(
+            f"search done: {runner.spent()} launches counted "
+            f"({time.monotonic() - started:.0f} s this run)"
+        )
+
+        def confirm_run(
+            params: Mapping[str, ParamValue], run_dir: Path, load: float
+        ) -> TrialResult:
+            one = SearchSettings(max_levels=1, start_load=load)
+            if remote is not None:
+                return remote.run_one(params, run_dir, one)
+            return run_trial(
+                params,
+                sla,
+                python=python,
+                model_dir=model_dir,
+                run_dir=run_dir,
+                cuda_devices=cuda,
+                settings=one,
+                say=_say,
+            )
+
+        ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
+        return promote(ctx, confirm_run, _say)
+    finally:
+        if remote is not None:
+            remote.close()
+
+
+def main_tune(
+    sla_path: str,
+    trials_dir: str,
+    trials: int | None,
+    extra_trials: int = 0,
+    executor: str = "local",
+    address: str | None = None,
+) -> int:
+    """CLI handler. 0: a config that meets the SLA is promoted; 1: none confirmed to meet it
+    (the bundle may still hold the baseline and its fallbacks); 2: bad input; 130: interrupted."""
+    try:
+        sla = load_sla(sla_path)
+    except SlaError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        manifest = tune(
+            sla,
+            trials_dir=Path(trials_dir),
+            budget_trials=trials,
+            extra_trials=extra_trials,
+            executor=executor,
+            address=address,
+        )
+    except (
+        StudyMismatch,
+        SpaceError,
+        envs.EngineEnvError,
+        hardware.HardwareError,
+        FileNotFoundError,
+    ) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: engines stopped; run the same command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if manifest.get("promoted") is None:
+        return 1
+    bundle = Path(trials_dir) / sla.name / "promoted"
+    print(f"bundle: {bundle}")
+    return 0 if manifest["promoted"].get("meets_sla") else 1

@@ -1,0 +1,1 @@
+"""The SLA file: schema, YAML positions for errors."""

@@ -1,0 +1,1122 @@
+"""The SLA file: what to serve, on what, under which load, and what "good" means.
+
+Users write YAML (see ``objectives/README.md``); ``load_sla`` turns it into a validated ``Sla``
+or raises ``SlaError`` listing every problem at once, each with its line number, dotted field
+path and a message meant for humans::
+
+    slo.yaml:12: constraints.p99_ttf_ms: unknown key (did you mean 'p99_ttft_ms'?)
+
+This module is also the single source of truth for metric names (``SCALAR_METRICS``,
+``PERCENTILE_METRIC_RE``, ``is_known_metric``) shared by the evaluator and the reports.
+
+Errors are raised from validators as ``PydanticCustomError("sla", "{msg}", ctx)``; ``ctx["at"]``
+is a sub-path below the validator's own location and ``ctx["more"]`` carries further
+``(message, at)`` problems found by the same validator, so one validator can report several.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from autotuner.search.space import SearchSpec
+from autotuner.sla.yamlpos import KeyPath, Located, load_located
+
+# --------------------------------------------------------------------------- metric names
+
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")
+
+SCALAR_METRICS: frozenset[str] = frozenset(
+    {
+        "goodput",
+        "request_rate",
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+        "error_rate",
+        "peak_memory_gib",
+        *(f"mean_{m}_ms" for m in LATENCY_METRICS),
+    }
+)
+
+# p<q>_<latency>_ms with q written as digits, optionally with a fraction: p50, p99, p99.9.
+PERCENTILE_METRIC_RE = re.compile(r"^p(?P<q>\d+(?:\.\d+)?)_(?P<base>ttft|tpot|itl|e2e)_ms$")
+
+# Shapes that look like a percentile key, to give a precise message when a part is wrong.
+_PERCENTILE_SHAPE_RE = re.compile(r"^p(?P<q>\d+(?:\.\d+)?)_(?P<base>[a-z0-9]+)_ms$")
+
+_COMMON_PERCENTILES = ("50", "90", "95", "99", "99.9")
+
+DEFAULT_DATASET_OUTPUT_TOKENS = 128
+"""Output length for dataset rows that carry no ``output_tokens`` of their own."""
+
+
+def _canonical_q(q: str) -> str:
+    """``"99.0"`` -> ``"99"``, ``"099"`` -> ``"99"``; the spelling used in metric names."""
+    text = format(Decimal(q), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def parse_percentile_metric(name: str) -> tuple[float, str] | None:
+    """``"p99.9_ttft_ms"`` -> ``(99.9, "ttft")``; None unless a valid percentile metric."""
+    m = PERCENTILE_METRIC_RE.match(name)
+    if m is None:
+        return None
+    q = float(m["q"])
+    if not 0 < q <= 100:
+        return None
+    return q, m["base"]
+
+
+def canonical_metric(name: str) -> str | None:
+    """The canonical spelling of a known metric (``p99.0_ttft_ms`` -> ``p99_ttft_ms``)."""
+    if name in SCALAR_METRICS:
+        return name
+    m = PERCENTILE_METRIC_RE.match(name)
+    if m is None or parse_percentile_metric(name) is None:
+        return None
+    return f"p{_canonical_q(m['q'])}_{m['base']}_ms"
+
+
+def is_known_metric(name: str) -> bool:
+    """True for scalar metrics and for ``p<q>_<ttft|tpot|itl|e2e>_ms`` with 0 < q <= 100."""
+    return canonical_metric(name) is not None
+
+
+def _metric_vocabulary() -> list[str]:
+    pct = [f"p{q}_{m}_ms" for q in _COMMON_PERCENTILES for m in LATENCY_METRICS]
+    return sorted(SCALAR_METRICS) + pct
+
+
+# --------------------------------------------------------------------------- error helpers
+
+
+def _fail(message: str, *at: str | int, more: Sequence[tuple[str, KeyPath]] = ()) -> Exception:
+    """A validation error whose location is the validator's own plus ``at``."""
+    return PydanticCustomError("sla", "{msg}", {"msg": message, "at": at, "more": list(more)})
+
+
+def _fail_all(problems: Sequence[tuple[str, KeyPath]]) -> Exception:
+    """One error carrying several ``(message, at)`` problems (see the module docstring)."""
+    (message, at), rest = problems[0], problems[1:]
+    return _fail(message, *at, more=rest)
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in YAML, for "got ..." messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"{value} (a {type(value).__name__})"
+
+
+def _bound(value: Any) -> str:
+    """A limit from a pydantic error context: ``0.0`` reads better as ``0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# Validation context key: {id(input dict): allowed field names}, filled by _Strict so that
+# "unknown key" errors can suggest the closest field of the right model.
+_HINTS = "sla_field_hints"
+
+
+class _Strict(BaseModel):
+    """Base of every SLA model: unknown keys are errors, no silent type coercion."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _remember_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        hints = info.context.get(_HINTS) if isinstance(info.context, dict) else None
+        if isinstance(hints, dict) and isinstance(data, dict):
+            hints[id(data)] = tuple(cls.model_fields)
+        return data
+
+
+# --------------------------------------------------------------------------- model
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SYNTH_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PARAM_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class ModelSpec(_Strict):
+    """Exactly one of ``path`` (a local HF-style directory) or ``synth`` (a generated arch)."""
+
+    path: str | None = None
+    synth: str | None = None
+    served_name: str | None = None
+
+    @field_validator("synth")
+    @classmethod
+    def _synth_name(cls, v: str | None) -> str | None:
+        if v is not None and not _SYNTH_RE.match(v):
+            raise _fail(
+                f"must be lower-case letters, digits, '.' and '-' (e.g. tiny-llama), got {v!r}"
+            )
+        return v
+
+    @field_validator("path", "served_name")
+    @classmethod
+    def _not_empty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise _fail("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.path is None) == (self.synth is None):
+            raise _fail("give exactly one of 'path' or 'synth'")
+        return self
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _cli_word(value: Any) -> str:
+    # YAML turns `--max-num-seqs, 64` into a str and an int; both belong on a command line.
+    if isinstance(value, str):
+        return value
+    if _is_number(value):
+        return str(value)
+    raise _fail(f"must be a string, got {_show(value)}")
+
+
+def _env_key(value: Any) -> str:
+    if not isinstance(value, str) or not _ENV_RE.match(value):
+        raise _fail(
+            f"invalid environment variable name {_show(value)} "
+            "(letters, digits and '_', not starting with a digit)"
+        )
+    return value
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        raise _fail(f"must be a string, got {_show(value)} (quote it: '{_show(value)}')")
+    if isinstance(value, str):
+        return value
+    if _is_number(value):
+        return str(value)
+    raise _fail(f"must be a string, got {_show(value)}")
+
+
+# Options the tuner sets itself: it owns the model, the bind address and the port.
+_RESERVED_PARAMS = {
+    "model": "set by the autotuner from the 'model' section",
+    "host": "set by the autotuner (engines bind to 127.0.0.1)",
+    "port": "set by the autotuner (it picks a free port)",
+    "served_model_name": "use model.served_name instead",
+}
+
+
+def _param_key(value: Any) -> str:
+    if not isinstance(value, str) or not _PARAM_RE.match(value):
+        hint = ""
+        if isinstance(value, str):
+            fixed = value.strip().lstrip("-").replace("-", "_").lower()
+            if _PARAM_RE.match(fixed):
+                hint = f" (did you mean {fixed!r}?)"
+        raise _fail(f"option names are snake_case like max_num_seqs, got {_show(value)}{hint}")
+    if value in _RESERVED_PARAMS:
+        raise _fail(f"cannot be set here: {_RESERVED_PARAMS[value]}")
+    return value
+
+
+def _param_value(value: Any) -> bool | int | float | str:
+    if isinstance(value, bool | int | float | str):
+        return value
+    raise _fail(f"must be true/false, a number or a string, got {_show(value)}")
+
+
+CliWord = Annotated[str, PlainValidator(_cli_word)]
+EnvKey = Annotated[str, PlainValidator(_env_key)]
+EnvValue = Annotated[str, PlainValidator(_env_value)]
+ParamKey = Annotated[str, PlainValidator(_param_key)]
+ParamValue = Annotated[bool | int | float | str, PlainValidator(_param_value)]
+
+
+class EngineSpec(_Strict):
+    """Which engine runs the model, and the fixed (untuned) part of its configuration.
+
+    ``params`` are engine options in snake_case (vLLM's ``--max-num-seqs`` is ``max_num_seqs``);
+    the search space tunes the others. ``name`` picks a registered engine environment,
+    ``python`` an explicit interpreter; with neither, the default environment is used.
+    """
+
+    kind: Literal["vllm"] = "vllm"
+    name: str | None = None
+    python: str | None = None
+    args: list[CliWord] = Field(default_factory=list)
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
+    params: dict[ParamKey, ParamValue] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _engine_name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME_RE.match(v):
+            raise _fail(f"not a valid engine name: {v!r}")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python_path(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise _fail("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _one_environment(self) -> EngineSpec:
+        if self.name is not None and self.python is not None:
+            raise _fail("give at most one of 'name' or 'python'")
+        return self
+
+
+# --------------------------------------------------------------------------- target
+
+
+class Target(_Strict):
+    """Where the engine runs. YAML: ``cpu``, ``{gpu: 0}``, ``{gpu: "GPU-..."}``, ``{gpu: [0, 1]}``.
+
+    ``devices`` are GPU indices or UUIDs as strings (empty for CPU).
+    """
+
+    kind: Literal["cpu", "gpu"] = "cpu"
+    devices: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml(cls, data: Any) -> Any:
+        if data == "cpu":
+            return {"kind": "cpu", "devices": []}
+        if not isinstance(data, dict):
+            if isinstance(data, Target):
+                return data
+            raise _fail(f"must be 'cpu' or a mapping like {{gpu: 0}}, got {_show(data)}")
+        if not data or "kind" in data:  # Target() itself, or the model_dump() form
+            return data
+        problems: list[tuple[str, KeyPath]] = [
+            (f"unknown key{_suggest(str(k), ['gpu'])}", (str(k),)) for k in data if k != "gpu"
+        ]
+        if "gpu" not in data:
+            problems.append(("must be 'cpu' or a mapping like {gpu: 0}", ()))
+            raise _fail_all(problems)
+        raw = data["gpu"]
+        items: list[tuple[Any, KeyPath]]
+        if isinstance(raw, list):
+            items = [(v, ("gpu", i)) for i, v in enumerate(raw)]
+            if not raw:
+                problems.append(("list of GPUs must not be empty", ("gpu",)))
+        else:
+            items = [(raw, ("gpu",))]
+        devices: list[str] = []
+        for value, at in items:
+            dev = _device(value)
+            if dev is None:
+                problems.append(
+                    (f"must be a GPU index (0, 1, ...) or UUID, got {_show(value)}", at)
+                )
+            elif dev in devices:
+                problems.append((f"GPU {dev} is listed twice", at))
+            else:
+                devices.append(dev)
+        if problems:
+            raise _fail_all(problems)
+        return {"kind": "gpu", "devices": devices}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Target:
+        if self.kind == "cpu" and self.devices:
+            raise _fail("a cpu target has no devices", "devices")
+        if self.kind == "gpu" and not self.devices:
+            raise _fail("list of GPUs must not be empty", "devices")
+        if len(set(self.devices)) != len(self.devices):
+            raise _fail("a GPU is listed twice", "devices")
+        return self
+
+    def to_yaml_value(self) -> Any:
+        """The short form users write (``cpu`` / ``{gpu: 0}`` / ``{gpu: [0, 1]}``)."""
+        if self.kind == "cpu":
+            return "cpu"
+        devs: list[int | str] = [int(d) if d.isdigit() else d for d in self.devices]
+        return {"gpu": devs[0] if len(devs) == 1 else devs}
+
+
+def _device(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value) if value >= 0 else None
+    if isinstance(value, str) and value.strip() and not any(c.isspace() or c == "," for c in value):
+        return value
+    return None
+
+
+# --------------------------------------------------------------------------- workload
+
+
+class UniformDist(_Strict):
+    """Token counts drawn uniformly from ``[min, max]``."""
+
+    distribution: Literal["uniform"]
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformDist:
+        if self.max < self.min:
+            raise _fail(f"must be >= min ({self.min}), got {self.max}", "max")
+        return self
+
+
+class _ShapedDist(_Strict):
+    """A bell-shaped distribution of the token count, rounded and clipped to ``[min, max]``.
+
+    ``mean`` and ``stddev`` describe the token count itself (not its logarithm).
+    """
+
+    mean: float = Field(gt=0)
+    stddev: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _ShapedDist:
+        if self.max is not None and self.max < self.min:
+            raise _fail(f"must be >= min ({self.min}), got {self.max}", "max")
+        hi = "" if self.max is None else f" and max ({self.max})"
+        if self.mean < self.min or (self.max is not None and self.mean > self.max):
+            raise _fail(f"must lie between min ({self.min}){hi}, got {_show(self.mean)}", "mean")
+        return self
+
+
+class NormalDist(_ShapedDist):
+    distribution: Literal["normal"]
+
+
+class LognormalDist(_ShapedDist):
+    distribution: Literal["lognormal"]
+
+
+Distribution = UniformDist | NormalDist | LognormalDist
+
+_COUNT_TAG = "count"  # internal tag of a plain integer, hidden from messages
+
+
+def _token_tag(value: Any) -> str | None:
+    if isinstance(value, dict):
+        tag = value.get("distribution")
+        return tag if isinstance(tag, str) else None
+    if isinstance(value, UniformDist | NormalDist | LognormalDist):
+        return value.distribution
+    return _COUNT_TAG
+
+
+TokenCount = Annotated[
+    Annotated[Annotated[int, Field(ge=1)], Tag(_COUNT_TAG)]
+    | Annotated[UniformDist, Tag("uniform")]
+    | Annotated[NormalDist, Tag("normal")]
+    | Annotated[LognormalDist, Tag("lognormal")],
+    Discriminator(_token_tag),
+]
+"""A fixed token count (int >= 1) or a distribution mapping."""
+
+
+class PoissonArrival(_Strict):
+    """Open loop: exponential gaps, ``rate`` requests per second on average."""
+
+    process: Literal["poisson"]
+    rate: float = Field(gt=0)
+
+
+class ConstantArrival(_Strict):
+    """Open loop: one request every ``1/rate`` seconds."""
+
+    process: Literal["constant"]
+    rate: float = Field(gt=0)
+
+
+class ConcurrencyArrival(_Strict):
+    """Closed loop: keep ``concurrency`` requests in flight."""
+
+    process: Literal["concurrency"]
+    concurrency: int = Field(ge=1)
+
+
+Arrival = Annotated[
+    PoissonArrival | ConstantArrival | ConcurrencyArrival, Field(discriminator="process")
+]
+
+
+class Workload(_Strict):
+    """The load test: what requests look like, how they arrive, and how long it runs.
+
+    With a ``dataset``, a row's own ``output_tokens`` wins, then ``output_tokens`` here, then
+    ``DEFAULT_DATASET_OUTPUT_TOKENS``. The run stops after ``requests`` measured requests or
+    ``duration_s`` seconds, whichever comes first when both are given.
+    """
+
+    api: Literal["completions", "chat"] = "completions"
+    input_tokens: TokenCount | None = None
+    dataset: str | None = None
+    output_tokens: TokenCount | None = None
+    arrival: Arrival
+    requests: int | None = Field(default=None, ge=1)
+    duration_s: float | None = Field(default=None, gt=0)
+    warmup_requests: int = Field(default=0, ge=0)
+    seed: int = 0
+    timeout_s: float | None = Field(default=None, gt=0)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_path(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise _fail("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self) -> Workload:
+        problems: list[tuple[str, KeyPath]] = []
+        if (self.input_tokens is None) == (self.dataset is None):
+            problems.append(("give exactly one of 'input_tokens' or 'dataset'", ()))
+        if self.output_tokens is None and self.dataset is None:
+            problems.append(("required unless 'dataset' is given", ("output_tokens",)))
+        if self.requests is None and self.duration_s is None:
+            problems.append(("give 'requests', 'duration_s' or both", ()))
+        if problems:
+            raise _fail_all(problems)
+        return self
+
+
+# --------------------------------------------------------------------------- constraints
+
+# Fixed constraint keys -> (metric, bound).
+_FIXED_CONSTRAINTS: dict[str, tuple[str, Literal["max", "min"]]] = {
+    "min_request_rate": ("request_rate", "min"),
+    "min_output_tokens_per_s": ("output_tokens_per_s", "min"),
+    "min_goodput": ("goodput", "min"),
+    "max_gpu_memory_gib": ("peak_memory_gib", "max"),
+    "max_error_rate": ("error_rate", "max"),
+}
+
+
+def _constraint_target(key: str) -> tuple[str, Literal["max", "min"]]:
+    """Metric and bound of a constraint key; raises a validation error for bad keys."""
+    if key in _FIXED_CONSTRAINTS:
+        return _FIXED_CONSTRAINTS[key]
+    shape = _PERCENTILE_SHAPE_RE.match(key)
+    if shape is not None and shape["base"] in LATENCY_METRICS:
+        if not 0 < Decimal(shape["q"]) <= 100:
+            raise _fail(f"percentile must be in (0, 100], got {_canonical_q(shape['q'])}")
+        return f"p{_canonical_q(shape['q'])}_{shape['base']}_ms", "max"
+    vocabulary = list(_FIXED_CONSTRAINTS)
+    m = re.match(r"^p(\d+(?:\.\d+)?)", key)
+    percentiles = (m[1], *_COMMON_PERCENTILES) if m else _COMMON_PERCENTILES
+    vocabulary += [f"p{q}_{base}_ms" for q in percentiles for base in LATENCY_METRICS]
+    suggestion = _suggest(key, vocabulary)
+    if shape is not None and not suggestion:
+        raise _fail(
+            f"unknown key: the latency metric must be one of {', '.join(LATENCY_METRICS)}, "
+            f"got {shape['base']!r}"
+        )
+    raise _fail(f"unknown key{suggestion}")
+
+
+class Constraint(_Strict):
+    """One hard limit: the trial is infeasible unless ``metric`` is within ``limit``.
+
+    Built from one entry of the YAML ``constraints`` mapping: ``key`` as written there,
+    ``metric`` the canonical metric it bounds, ``bound`` whether ``limit`` is a max or a min.
+    Only ``key`` and ``limit`` are needed to construct one.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    metric: str
+    bound: Literal["max", "min"]
+    limit: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+            return data  # let the field validation report it
+        key: str = data["key"]
+        metric, bound = _constraint_target(key)
+        for name, derived in (("metric", metric), ("bound", bound)):
+            if name in data and data[name] != derived:
+                raise _fail(f"{name} of {key!r} is {derived!r}, got {_show(data[name])}")
+        limit = data.get("limit")
+        if not isinstance(limit, int | float) or isinstance(limit, bool):
+            raise _fail(f"must be a number, got {_show(limit)}")
+        if metric == "error_rate":
+            if not 0 <= limit <= 1:
+                raise _fail(f"must be between 0 and 1, got {_show(limit)}")
+        elif limit <= 0:
+            raise _fail(f"must be > 0, got {_show(limit)}")
+        return {**data, "metric": metric, "bound": bound, "limit": float(limit)}
+
+    @classmethod
+    def of(cls, key: str, limit: float) -> Constraint:
+        """The constraint written ``key: limit`` in YAML."""
+        return cls.model_validate({"key": key, "limit": limit})
+
+    def violation(self, value: float) -> float:
+        """How far ``value`` is past the limit; <= 0 means satisfied (Optuna's convention)."""
+        return value - self.limit if self.bound == "max" else self.limit - value
+
+    def satisfied(self, value: float) -> bool:
+        return self.violation(value) <= 0
+
+
+class Objective(_Strict):
+    """One optimisation goal. YAML: ``{maximize: goodput}`` or ``{minimize: p99_ttft_ms}``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    metric: str
+    direction: Literal["maximize", "minimize"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml(cls, data: Any) -> Any:
+        if isinstance(data, Objective):
+            return data
+        if not isinstance(data, dict):
+            raise _fail(f"must be a mapping like {{maximize: goodput}}, got {_show(data)}")
+        if set(data) == {"metric", "direction"}:  # the model_dump() form
+            return {**data, "metric": _checked_metric(data["metric"], "metric")}
+        directions = ("maximize", "minimize")
+        unknown = [k for k in data if k not in directions]
+        if unknown:
+            key = str(unknown[0])
+            raise _fail(f"unknown key{_suggest(key, directions)}", key)
+        if len(data) != 1:
+            raise _fail("give exactly one of 'maximize' or 'minimize' per item")
+        ((direction, metric),) = data.items()
+        return {"metric": _checked_metric(metric, direction), "direction": direction}
+
+
+def _checked_metric(metric: Any, at: str) -> str:
+    if not isinstance(metric, str):
+        raise _fail(f"must be a metric name, got {_show(metric)}", at)
+    canonical = canonical_metric(metric)
+    if canonical is None:
+        raise _fail(f"unknown metric {metric!r}{_suggest(metric, _metric_vocabulary())}", at)
+    return canonical
+
+
+# --------------------------------------------------------------------------- tuning
+
+
+class ConfirmSpec(_Strict):
+    """How the winner is confirmed against the baseline before it is promoted."""
+
+    candidates: int = Field(default=1, ge=1, le=5)  # top Pareto points re-measured
+    replicates: int = Field(default=3, ge=1, le=10)  # launches per config, interleaved
+    min_effect: float = Field(default=0.05, ge=0, le=1)  # relative goodput win required
+
+
+class TuneSpec(_Strict):
+    """Budget and strategy of ``autotuner tune``."""
+
+    trials: int = Field(default=12, ge=1)  # engine launches, baseline included
+    time_budget_s: float | None = Field(default=None, gt=0)
+    # grid: every combination of the `values` lists in search.params (vLLM auto_tune style)
+    sampler: Literal["auto", "tpe", "gp", "nsga2", "random", "grid"] = "auto"
+    seed: int = 0
+    max_levels: int = Field(default=4, ge=1, le=12)  # load levels measured per launch
+    rate_step: float = Field(default=1.5, gt=1, le=4)  # load factor between levels
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    storage: str | None = None  # SQLAlchemy URL; default: SQLite in the study directory
+
+
+# --------------------------------------------------------------------------- the SLA
+
+
+def _default_objectives() -> list[Objective]:
+    return [Objective(metric="goodput", direction="maximize")]
+
+
+class Sla(_Strict):
+    """A validated SLA file. Relative paths in it are resolved with ``resolve_path``.
+
+    ``source_path`` is the file it was loaded from (None when parsed from text); it is not a
+    field, so it can't be set from YAML and is left out of dumps and comparisons of dumps.
+    """
+
+    name: str = "sla"
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    target: Target = Field(default_factory=Target)
+    workload: Workload
+    constraints: list[Constraint] = Field(default_factory=list)
+    objectives: list[Objective] = Field(default_factory=_default_objectives)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    tune: TuneSpec = Field(default_factory=TuneSpec)
+
+    _source_path: Path | None = PrivateAttr(default=None)
+    _base_dir: Path | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        if len(v) > 100:  # it names directories and files
+            raise _fail(f"must be at most 100 characters, got {len(v)}")
+        if not _NAME_RE.match(v):
+            raise _fail(
+                f"must start with a letter or digit and use only letters, digits, "
+                f"'_', '.' and '-', got {v!r}"
+            )
+        return v
+
+    @field_validator("engine", "target", "objectives", "search", "tune", mode="before")
+    @classmethod
+    def _empty_section(cls, v: Any, info: ValidationInfo) -> Any:
+        # `engine:` with every line below commented out is YAML null: read it as "defaults".
+        if v is None and info.field_name is not None:
+            return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+        return v
+
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _constraints_from_mapping(cls, v: Any) -> Any:
+        # YAML writes constraints as a mapping; the model keeps them as a list in file order.
+        # Errors then carry list indices, which the error mapper turns back into keys.
+        if v is None:  # an empty `constraints:` section
+            return []
+        if isinstance(v, dict):
+            return [{"key": k, "limit": limit} for k, limit in v.items()]
+        # A list is the model_dump() form: accepted only as such.
+        if isinstance(v, list) and all(
+            isinstance(c, Constraint) or (isinstance(c, dict) and "key" in c) for c in v
+        ):
+            return v
+        raise _fail(f"must be a mapping like {{p99_ttft_ms: 500}}, got {_show(v)}")
+
+    @field_validator("constraints")
+    @classmethod
+    def _one_per_metric(cls, v: list[Constraint]) -> list[Constraint]:
+        seen: dict[tuple[str, str], str] = {}
+        problems: list[tuple[str, KeyPath]] = []
+        for i, c in enumerate(v):
+            first = seen.setdefault((c.metric, c.bound), c.key)
+            if first != c.key:
+                problems.append((f"bounds the same metric as {first!r}", (i,)))
+        if problems:
+            raise _fail_all(problems)
+        return v
+
+    @field_validator("objectives")
+    @classmethod
+    def _distinct_objectives(cls, v: list[Objective]) -> list[Objective]:
+        if not v:
+            raise _fail("give at least one objective, e.g. [{maximize: goodput}]")
+        seen: set[str] = set()
+        problems: list[tuple[str, KeyPath]] = []
+        for i, o in enumerate(v):
+            if o.metric in seen:
+                problems.append((f"metric {o.metric!r} appears twice", (i,)))
+            seen.add(o.metric)
+        if problems:
+            raise _fail_all(problems)
+        return v
+
+    @model_validator(mode="after")
+    def _grid_has_values(self) -> Sla:
+        if self.tune.sampler == "grid" and not any(
+            o.values is not None for o in self.search.params.values()
+        ):
+            raise _fail(
+                "the grid sampler tries every combination of the 'values' lists in "
+                "search.params, and none has one: give e.g. "
+                "search: {params: {max_num_seqs: {values: [128, 256, 512]}}}",
+                "tune",
+                "sampler",
+            )
+        return self
+
+    @property
+    def source_path(self) -> Path | None:
+        return self._source_path
+
+    @source_path.setter
+    def source_path(self, value: Path | None) -> None:
+        self._source_path = value
+
+    def resolve_path(self, p: str) -> Path:
+        """``p`` with ``~`` expanded, relative to the SLA file's directory (else the base dir
+        given to ``parse_sla``, else the current directory)."""
+        path = Path(p).expanduser()
+        if path.is_absolute():
+            return path
+        if self._source_path is not None:
+            base = self._source_path.parent
+        elif self._base_dir is not None:
+            base = self._base_dir
+        else:
+            base = Path.cwd()
+        return base / path
+
+    def latency_slos(self) -> dict[str, float]:
+        """Per-request latency limits for goodput, from the ``p<q>_<metric>_ms`` constraints.
+
+        Keys are ``ttft``/``tpot``/``itl``/``e2e`` (only those constrained); with several
+        percentiles of one metric the tightest limit wins.
+        """
+        slos: dict[str, float] = {}
+        for c in self.constraints:
+            parsed = parse_percentile_metric(c.metric)
+            if parsed is not None and c.bound == "max":
+                base = parsed[1]
+                slos[base] = min(slos.get(base, c.limit), c.limit)
+        return slos
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an SLA file. ``path`` is dotted (``workload.arrival.rate``)."""
+
+    line: int | None
+    path: str
+    message: str
+
+    def render(self, source: str) -> str:
+        where = f"{source}:{self.line}" if self.line is not None else source
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class SlaError(Exception):
+    """An SLA file that can't be used; ``str()`` gives one line per problem."""
+
+    def __init__(self, problems: list[Problem], source: str = "<string>") -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__("\n".join(p.render(source) for p in problems))
+
+
+def _dotted(path: KeyPath) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _data_path(loc: Sequence[int | str], data: Any, keep_from: int) -> KeyPath:
+    """Follow a pydantic ``loc`` through the input data, dropping union tags.
+
+    Entries before ``keep_from`` that are not keys/indices of the data are tags (``poisson``,
+    ``count``, ``function-after[...]``, ``[key]``) and are skipped; later entries (the field
+    named by a ``missing`` error, a validator's ``at``) are always kept. An int entry on a
+    mapping is a position in it: the constraints mapping is validated as a list.
+    """
+    node = data
+    out: list[str | int] = []
+    for i, part in enumerate(loc):
+        if isinstance(node, dict):
+            if part in node:
+                out.append(str(part))
+                node = node[part]
+                continue
+            if isinstance(part, int) and 0 <= part < len(node):
+                key = list(node)[part]
+                out.append(str(key))
+                node = node[key]
+                continue
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            out.append(part)
+            node = node[part]
+            continue
+        if i >= keep_from:
+            out.append(part)
+            node = None
+    return tuple(out)
+
+
+def _node_at(data: Any, path: KeyPath) -> Any:
+    node = data
+    for part in path:
+        if isinstance(node, dict):
+            node = next((v for k, v in node.items() if str(k) == part), None)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def _quoted(text: Any) -> list[str]:
+    return re.findall(r"'([^']*)'", str(text))
+
+
+def _discriminator_field(ctx: dict[str, Any]) -> str:
+    names = _quoted(ctx.get("discriminator", ""))
+    # Callable discriminators (token counts) are reported under their mapping key.
+    return names[0] if names else "distribution"
+
+
+def _message(err: Any, path: KeyPath, data: Any, hints: dict[int, tuple[str, ...]]) -> str:
+    kind: str = err["type"]
+    ctx: dict[str, Any] = err.get("ctx") or {}
+    got = _show(err.get("input"))
+    if kind == "sla":
+        return str(ctx["msg"])
+    if kind == "invalid_key":
+        return f"keys must be text (quote it: '{path[-1]}')" if path else "keys must be text"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        fields = hints.get(id(_node_at(data, path[:-1])), ())
+        return f"unknown key{_suggest(str(path[-1]), fields)}" if path else "unknown key"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op, bound = {
+            "greater_than": (">", "gt"),
+            "greater_than_equal": (">=", "ge"),
+            "less_than": ("<", "lt"),
+            "less_than_equal": ("<=", "le"),
+        }[kind]
+        return f"must be {op} {_bound(ctx.get(bound))}, got {got}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer, got {got}"
+    if kind in ("float_type", "float_parsing"):
+        return f"must be a number, got {got}"
+    if kind == "string_type":
+        return f"must be a string, got {got}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"must be true or false, got {got}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping, got {got}"
+    if kind in ("list_type", "tuple_type"):
+        return f"must be a list, got {got}"
+    if kind == "literal_error":
+        expected = _quoted(ctx.get("expected", ""))
+        if len(expected) == 1:
+            return f"must be {expected[0]!r}, got {got}"
+        return f"must be one of {', '.join(expected)}, got {got}"
+    if kind == "union_tag_invalid":
+        tags = [t for t in _quoted(ctx.get("expected_tags", "")) if t != _COUNT_TAG]
+        return f"must be one of {', '.join(tags)}, got {_show(ctx.get('tag'))}"
+    if kind == "union_tag_not_found":
+        return "required field is missing"
+    text = str(err.get("msg", "invalid value"))
+    return text.removeprefix("Value error, ")
+
+
+def _problems_from_validation(
+    exc: ValidationError, located: Located, hints: dict[int, tuple[str, ...]]
+) -> list[Problem]:
+    problems: list[Problem] = []
+    for err in exc.errors(include_url=False):
+        ctx: dict[str, Any] = err.get("ctx") or {}
+        loc = list(err["loc"])
+        keep_from = len(loc) - 1 if err["type"] == "missing" else len(loc)
+        path = _data_path(loc, located.data, keep_from)
+        message = _message(err, path, located.data, hints)
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            loc.append(_discriminator_field(ctx))
+        found = [(message, ctx.get("at", ()))]
+        found += [(m, at) for m, at in ctx.get("more", ())]
+        for msg, at in found:
+            p = _data_path([*loc, *at], located.data, keep_from)
+            problems.append(Problem(located.line_of(p), _dotted(p), msg))
+    return problems
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _default_name(source: str) -> str:
+    if source.startswith("<"):
+        return "sla"
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(source).stem).lstrip("_.-")
+    return stem or "sla"
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> Problem:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        detail = exc.problem or "malformed YAML"
+        if exc.context:
+            detail = f"{detail} ({exc.context})"
+        return Problem(mark.line + 1 if mark else None, "", f"invalid YAML: {detail}")
+    return Problem(None, "", f"invalid YAML: {exc}")
+
+
+def parse_sla(
+    text: str,
+    source: str = "<string>",
+    base_dir: Path | None = None,
+    *,
+    check_files: bool = False,
+) -> Sla:
+    """Validate SLA text; raise ``SlaError`` with every problem found.
+
+    ``source`` labels messages and gives the default ``name`` (its stem); ``base_dir`` is where
+    relative paths resolve. With ``check_files``, ``model.path`` and ``workload.dataset`` must
+    exist on disk (``load_sla`` turns this on).
+    """
+    try:
+        located = load_located(text)
+    except yaml.YAMLError as exc:
+        raise SlaError([_yaml_problem(exc)], source) from None
+    data = located.data
+    if data is None:
+        raise SlaError(
+            [Problem(None, "", "file is empty (expected a mapping: model, workload, ...)")], source
+        )
+    if not isinstance(data, dict):
+        problem = Problem(
+            located.root_line, "", f"top level must be a mapping of SLA fields, got {_show(data)}"
+        )
+        raise SlaError([problem], source)
+
+    problems = [
+        Problem(d.line, _dotted(d.path), f"duplicate key (first given on line {d.first_line})")
+        for d in located.duplicates
+    ]
+    data.setdefault("name", _default_name(source))
+    hints: dict[int, tuple[str, ...]] = {}
+    sla: Sla | None = None
+    try:
+        sla = Sla.model_validate(data, context={_HINTS: hints})
+    except ValidationError as exc:
+        problems += _problems_from_validation(exc, located, hints)
+    if sla is not None:
+        sla._base_dir = base_dir
+        if check_files:
+            problems += _missing_files(sla, located)
+    if problems or sla is None:
+        problems.sort(key=lambda p: p.line or 0)
+        raise SlaError(problems, source)
+    return sla
+
+
+def _missing_files(sla: Sla, located: Located) -> list[Problem]:
+    problems: list[Problem] = []
+    if sla.model.path is not None:
+        where: KeyPath = ("model", "path")
+        model_dir = sla.resolve_path(sla.model.path)
+        if not model_dir.is_dir():
+            problems.append(
+                Problem(located.line_of(where), "model.path", f"no such directory: {model_dir}")
+            )
+        elif not (model_dir / "config.json").is_file():
+            problems.append(
+                Problem(located.line_of(where), "model.path", f"no config.json in {model_dir}")
+            )
+    if sla.workload.dataset is not None:
+        dataset = sla.resolve_path(sla.workload.dataset)
+        if not dataset.is_file():
+            where = ("workload", "dataset")
+            problems.append(
+                Problem(located.line_of(where), "workload.dataset", f"no such file: {dataset}")
+            )
+    return problems
+
+
+def load_sla(path: str | Path) -> Sla:
+    """Read and validate an SLA file; every failure (I/O included) is an ``SlaError``."""
+    source = str(path)
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SlaError([Problem(None, "", "no such file")], source) from None
+    except IsADirectoryError:
+        raise SlaError([Problem(None, "", "is a directory, not an SLA file")], source) from None
+    except UnicodeDecodeError:
+        raise SlaError([Problem(None, "", "not UTF-8 text")], source) from None
+    except OSError as exc:
+        raise SlaError([Problem(None, "", f"cannot read: {exc.strerror or exc}")], source) from None
+    sla = parse_sla(text, source, file.parent.resolve(), check_files=True)
+    sla.source_path = file.resolve()
+    return sla
+
+
+def to_yaml(sla: Sla) -> str:
+    """The SLA in the form users write; ``parse_sla(to_yaml(s))`` equals ``s`` field for field."""
+    doc: dict[str, Any] = {
+        "name": sla.name,
+        "model": sla.model.model_dump(exclude_none=True),
+        "engine": sla.engine.model_dump(exclude_none=True),
+        "target": sla.target.to_yaml_value(),
+        "workload": sla.workload.model_dump(exclude_none=True),
+        "constraints": {c.key: c.limit for c in sla.constraints},
+        "objectives": [{o.direction: o.metric} for o in sla.objectives],
+        "search": sla.search.model_dump(exclude_defaults=True),
+        "tune": sla.tune.model_dump(exclude_defaults=True),
+    }
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+def check_main(paths: list[str]) -> int:
+    """``autotuner check FILE...``: 0 if every file is a valid SLA, else 2 (problems on stderr)."""
+    if not paths:
+        print("usage: autotuner check SLA_FILE...", file=sys.stderr)
+        return 2
+    ok = True
+    for p in paths:
+        try:
+            load_sla(p)
+        except SlaError as exc:
+            ok = False
+            print(exc, file=sys.stderr)
+        except Exception as exc:  # a bug here must still not show the user a traceback
+            ok = False
+            print(
+                f"{p}: internal error while checking: {type(exc).__name__}: {exc}", file=sys.stderr
+            )
+        else:
+            print(f"OK {p}")
+    return 0 if ok else 2
