@@ -8,6 +8,11 @@ composed node tree, before construction.
 Paths are tuples: mapping keys appear as ``str(key)``, sequence items as ``int`` indices. The
 line of a mapping entry is the line of its key; the line of a sequence item is where the item
 starts. Syntax errors are raised as ``yaml.YAMLError`` (``MarkedYAMLError`` carries the line).
+
+Input is hostile until proven otherwise: before anything is composed, one flat pass over the
+parser's events refuses documents nested deeper than ``MAX_DEPTH`` (PyYAML's composer recurses,
+so deep nesting would end in a RecursionError) and documents whose aliases expand to more than
+``MAX_NODES`` nodes (a few hundred bytes of nested anchors can expand to billions).
 """
 
 from __future__ import annotations
@@ -17,12 +22,27 @@ from typing import Any
 
 import yaml
 from yaml.constructor import SafeConstructor
+from yaml.events import (
+    AliasEvent,
+    CollectionEndEvent,
+    CollectionStartEvent,
+    ScalarEvent,
+)
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 PathPart = str | int
 KeyPath = tuple[PathPart, ...]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+# An SLA is a few dozen keys deep at most a handful of levels; these leave room for big
+# search-space lists while keeping every walk bounded.
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+
+
+class YamlTooLarge(yaml.MarkedYAMLError):
+    """The document nests too deeply or its aliases expand beyond the node budget."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,7 @@ class Located:
 
 def load_located(text: str) -> Located:
     """Parse one YAML document; raise ``yaml.YAMLError`` on malformed input."""
+    check_bounds(text)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -69,6 +90,51 @@ def load_located(text: str) -> Located:
         return Located(data, lines, duplicates, node.start_mark.line + 1)
     finally:
         loader.dispose()
+
+
+def check_bounds(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
+    """Raise :class:`YamlTooLarge` if ``text`` nests or expands beyond the limits.
+
+    Iterative over parser events (no recursion, no composition): each alias counts as the
+    size of the node its anchor names, so the total is the size of the fully expanded data.
+    """
+    sizes: dict[str, int] = {}  # anchor -> expanded node count
+    stack: list[tuple[str | None, int]] = []  # open collections: (anchor, nodes so far)
+    total = 0
+    loader = yaml.SafeLoader(text)
+    try:
+        while (event := loader.get_event()) is not None:  # type: ignore[no-untyped-call]
+            if isinstance(event, CollectionStartEvent):
+                if len(stack) >= max_depth:
+                    raise _too_large(f"nested deeper than {max_depth} levels", event.start_mark)
+                stack.append((event.anchor, 1))
+                continue
+            if isinstance(event, CollectionEndEvent):
+                anchor, size = stack.pop()
+            elif isinstance(event, ScalarEvent):
+                anchor, size = event.anchor, 1
+            elif isinstance(event, AliasEvent):
+                # An unknown alias is left for the composer to report with its own message.
+                anchor, size = None, sizes.get(event.anchor or "", 1)
+            else:
+                continue
+            if anchor is not None:
+                sizes[anchor] = size
+            if stack:
+                parent_anchor, parent_size = stack[-1]
+                stack[-1] = (parent_anchor, parent_size + size)
+            else:
+                total += size
+            if total + sum(s for _, s in stack) > max_nodes:
+                raise _too_large(
+                    f"aliases expand to more than {max_nodes} nodes", event.start_mark
+                )
+    finally:
+        loader.dispose()
+
+
+def _too_large(problem: str, mark: Any) -> YamlTooLarge:
+    return YamlTooLarge(problem=f"document too large: {problem}", problem_mark=mark)
 
 
 class _KeyReader:
