@@ -41,6 +41,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from autotuner.core.errors import BadInput
 from autotuner.search.space import SearchSpec
 from autotuner.sla.yamlpos import KeyPath, Located, load_located
 
@@ -158,6 +159,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# Bounds that no real SLA reaches, so that a typo (or hostile input) fails here and not as a
+# hang or an overflow in the middle of a run.
+MAX_TOKENS = 10_000_000
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_REQUESTS = 10_000_000
+
 # Validation context key: {id(input dict): allowed field names}, filled by _Strict so that
 # "unknown key" errors can suggest the closest field of the right model.
 _HINTS = "sla_field_hints"
@@ -166,7 +173,9 @@ _HINTS = "sla_field_hints"
 class _Strict(BaseModel):
     """Base of every SLA model: unknown keys are errors, no silent type coercion."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # No inf or NaN anywhere: `duration_s: .inf` would hold a GPU lease forever, a NaN limit
+    # compares false with everything.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -212,6 +221,13 @@ class ModelSpec(_Strict):
     def _one_source(self) -> ModelSpec:
         if (self.path is None) == (self.synth is None):
             raise _fail("give exactly one of 'path' or 'synth'")
+        from autotuner.models.synth import ARCHS
+
+        if self.synth is not None and self.synth not in ARCHS:
+            v, known = self.synth, ", ".join(ARCHS)
+            raise _fail(
+                f"unknown architecture {v!r}{_suggest(v, list(ARCHS))}; known: {known}", "synth"
+            )
         return self
 
 
@@ -295,7 +311,7 @@ class EngineSpec(_Strict):
     args: list[CliWord] = Field(default_factory=list)
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
     params: dict[ParamKey, ParamValue] = Field(default_factory=dict)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
+    startup_timeout_s: float = Field(default=900.0, gt=0, le=MAX_SECONDS)
 
     @field_validator("name")
     @classmethod
@@ -405,8 +421,8 @@ class UniformDist(_Strict):
     """Token counts drawn uniformly from ``[min, max]``."""
 
     distribution: Literal["uniform"]
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_TOKENS)
+    max: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformDist:
@@ -421,10 +437,10 @@ class _ShapedDist(_Strict):
     ``mean`` and ``stddev`` describe the token count itself (not its logarithm).
     """
 
-    mean: float = Field(gt=0)
-    stddev: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    stddev: float = Field(ge=0, le=MAX_TOKENS)
+    min: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> _ShapedDist:
@@ -459,7 +475,7 @@ def _token_tag(value: Any) -> str | None:
 
 
 TokenCount = Annotated[
-    Annotated[Annotated[int, Field(ge=1)], Tag(_COUNT_TAG)]
+    Annotated[Annotated[int, Field(ge=1, le=MAX_TOKENS)], Tag(_COUNT_TAG)]
     | Annotated[UniformDist, Tag("uniform")]
     | Annotated[NormalDist, Tag("normal")]
     | Annotated[LognormalDist, Tag("lognormal")],
@@ -507,12 +523,12 @@ class Workload(_Strict):
     dataset: str | None = None
     output_tokens: TokenCount | None = None
     arrival: Arrival
-    requests: int | None = Field(default=None, ge=1)
-    duration_s: float | None = Field(default=None, gt=0)
-    warmup_requests: int = Field(default=0, ge=0)
-    seed: int = 0
-    timeout_s: float | None = Field(default=None, gt=0)
-    request_timeout_s: float = Field(default=300.0, gt=0)
+    requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    warmup_requests: int = Field(default=0, ge=0, le=MAX_REQUESTS)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # numpy seeds are unsigned 32-bit
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    request_timeout_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS)
 
     @field_validator("dataset")
     @classmethod
@@ -668,15 +684,31 @@ class ConfirmSpec(_Strict):
 class TuneSpec(_Strict):
     """Budget and strategy of ``autotuner tune``."""
 
-    trials: int = Field(default=12, ge=1)  # engine launches, baseline included
-    time_budget_s: float | None = Field(default=None, gt=0)
+    trials: int = Field(default=12, ge=1, le=10_000)  # engine launches, baseline included
+    time_budget_s: float | None = Field(default=None, gt=0, le=365 * 24 * 3600.0)
     # grid: every combination of the `values` lists in search.params (vLLM auto_tune style)
     sampler: Literal["auto", "tpe", "gp", "nsga2", "random", "grid"] = "auto"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
     max_levels: int = Field(default=4, ge=1, le=12)  # load levels measured per launch
     rate_step: float = Field(default=1.5, gt=1, le=4)  # load factor between levels
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
     storage: str | None = None  # SQLAlchemy URL; default: SQLite in the study directory
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from sqlalchemy.engine import make_url  # Optuna's dependency; only needed here
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            make_url(v)
+        except ArgumentError:
+            raise _fail(
+                f"not a database URL: {v!r} (e.g. sqlite:///study.db, postgresql://host/db)"
+            ) from None
+        return v
 
 
 # --------------------------------------------------------------------------- the SLA
@@ -837,13 +869,16 @@ class Problem:
         return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
-class SlaError(Exception):
+class SlaError(BadInput):
     """An SLA file that can't be used; ``str()`` gives one line per problem."""
 
     def __init__(self, problems: list[Problem], source: str = "<string>") -> None:
         self.problems = problems
         self.source = source
         super().__init__("\n".join(p.render(source) for p in problems))
+
+    def describe(self) -> str:
+        return str(self)  # each line already names the file and line
 
 
 def _dotted(path: KeyPath) -> str:
@@ -1057,12 +1092,74 @@ def _missing_files(sla: Sla, located: Located) -> list[Problem]:
             )
     if sla.workload.dataset is not None:
         dataset = sla.resolve_path(sla.workload.dataset)
+        where = ("workload", "dataset")
         if not dataset.is_file():
-            where = ("workload", "dataset")
             problems.append(
                 Problem(located.line_of(where), "workload.dataset", f"no such file: {dataset}")
             )
+        else:
+            from autotuner.measure.workload import load_dataset
+
+            try:
+                load_dataset(dataset)
+            except (ValueError, UnicodeDecodeError) as exc:
+                problems.append(Problem(located.line_of(where), "workload.dataset", str(exc)))
+    if not problems:
+        problems += _length_problems(sla, located)
     return problems
+
+
+def _longest(count: Any) -> int | None:
+    """The most tokens a ``TokenCount`` can ask for (None: unbounded above)."""
+    if isinstance(count, int):
+        return count
+    if isinstance(count, UniformDist):
+        return count.max
+    if isinstance(count, _ShapedDist):
+        return count.max
+    return None
+
+
+def _context_limit(sla: Sla) -> int | None:
+    """The engine's context length: ``engine.params.max_model_len``, else the model's own."""
+    fixed = sla.engine.params.get("max_model_len")
+    if isinstance(fixed, int) and not isinstance(fixed, bool):
+        return fixed
+    config: dict[str, Any] = {}
+    if sla.model.synth is not None:
+        from autotuner.models.synth import ARCHS
+
+        config = ARCHS[sla.model.synth].config()
+    elif sla.model.path is not None:
+        import json
+
+        try:
+            config = json.loads((sla.resolve_path(sla.model.path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def _length_problems(sla: Sla, located: Located) -> list[Problem]:
+    """Requests that no engine of this model can serve: prompt plus output past the context."""
+    limit = _context_limit(sla)
+    prompt = _longest(sla.workload.input_tokens) if sla.workload.input_tokens else None
+    output = _longest(sla.workload.output_tokens) if sla.workload.output_tokens else None
+    if limit is None or prompt is None:
+        return []
+    need = prompt + (output or 0)
+    if need <= limit:
+        return []
+    where: KeyPath = ("workload", "input_tokens")
+    return [
+        Problem(
+            located.line_of(where),
+            "workload.input_tokens",
+            f"a request of {prompt} prompt + {output or 0} output tokens does not fit the "
+            f"model's context of {limit} tokens (max_model_len)",
+        )
+    ]
 
 
 def load_sla(path: str | Path) -> Sla:
