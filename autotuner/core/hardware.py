@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import psutil
 
+from autotuner.core.errors import BadInput
 from autotuner.core.paths import atomic_write_text
 from autotuner.sla.spec import Target
 
@@ -51,7 +52,7 @@ NA = "N/A"
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "asimd", "sve")
 
 
-class HardwareError(RuntimeError):
+class HardwareError(BadInput, RuntimeError):
     """The target's hardware can't be probed (no NVML, no driver, no such GPU)."""
 
 

@@ -11,6 +11,7 @@ from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autotuner.core import paths
+from autotuner.core.errors import BadInput
 
 DEFAULT_PORT = 8787
 
@@ -84,7 +85,7 @@ class DaemonConfig(_Strict):
         return v.expanduser().resolve()
 
 
-class ConfigError(Exception):
+class ConfigError(BadInput):
     pass
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from autotuner.core.errors import BadInput
 
-class SubmitError(Exception):
+
+class SubmitError(BadInput):
     """A submission was refused; ``status`` is the HTTP status that fits."""
 
     def __init__(self, status: int, messages: list[str]) -> None:
@@ -12,5 +14,5 @@ class SubmitError(Exception):
         self.messages = messages
 
 
-class AlreadyRunning(Exception):
+class AlreadyRunning(BadInput):
     pass

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from autotuner.core.errors import BadInput
+
 
 class GpuView(Protocol):
     """What the leases need from NVML (a fake in tests)."""
@@ -68,7 +70,7 @@ def open_gpu_view() -> GpuView | None:
     return None
 
 
-class LeaseError(Exception):
+class LeaseError(BadInput):
     """The job can never get its devices (excluded or nonexistent): fail it, do not wait."""
 
 

@@ -12,6 +12,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from autotuner.core.errors import EngineStartFailed
+
 
 class LaunchCause(StrEnum):
     """Why an engine failed to come up, as read from its log."""
@@ -23,7 +25,7 @@ class LaunchCause(StrEnum):
     OTHER = "other"
 
 
-class EngineLaunchError(RuntimeError):
+class EngineLaunchError(EngineStartFailed, RuntimeError):
     """The engine exited, or never became healthy, before serving.
 
     ``cause`` is the classification, ``log_tail`` the last lines of its log (for humans),

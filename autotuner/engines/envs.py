@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.core import paths
+from autotuner.core.errors import BadInput
 
 __all__ = [
     "ENV_PYTHON_VAR",
@@ -93,7 +94,7 @@ _SPEC_RE = re.compile(
 )
 
 
-class EngineEnvError(Exception):
+class EngineEnvError(BadInput):
     """Something about an engine environment failed; the message is for humans."""
 
 

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from autotuner.core.errors import BadInput
+
 if TYPE_CHECKING:
     import optuna
 
@@ -66,7 +68,7 @@ ParamType = Literal["int", "float", "bool", "categorical"]
 Device = Literal["cpu", "gpu"]
 
 
-class SpaceError(ValueError):
+class SpaceError(BadInput, ValueError):
     """A search-space file or an override that can't be used; one problem per line."""
 
     def __init__(self, problems: Sequence[str]) -> None:

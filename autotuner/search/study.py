@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotuner.core.errors import BadInput
 from autotuner.engines.vllm.launcher import ParamValue
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
 from autotuner.search.space import ParamValue as GridValue
@@ -39,7 +40,7 @@ REQUEUED = "requeued_from"  # user attr on a re-run of an interrupted trial
 MAX_CONSECUTIVE_SKIPS = 40
 
 
-class StudyMismatch(Exception):
+class StudyMismatch(BadInput):
     """The stored study was made for another SLA, engine or search space."""
 
 
