@@ -1,0 +1,316 @@
+"""Promotion and the bundle, without engines: a study filled through the study loop with
+synthetic launches, then :func:`promote` with a synthetic confirmation run.
+
+The real-engine path is covered by tests/integration/test_tune_real.py; here each branch of
+the decision (promote a candidate, keep the baseline, nothing feasible, no baseline measured)
+is cheap to reach and the bundle's files are checked for what they say.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+
+from autotuner.bundle.promote import Context, promote
+from autotuner.bundle.summary import render
+from autotuner.core.hardware import CpuInfo, HardwareProfile
+from autotuner.core.paths import atomic_write_text
+from autotuner.search.space import ParamSpec, SearchSpace
+from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
+from autotuner.search.trial import Level, TrialResult
+from autotuner.sla.spec import parse_sla
+
+SLA = """
+name: promote-unit
+model: {synth: tiny-llama}
+target: cpu
+workload: {input_tokens: 8, output_tokens: 4, arrival: {process: poisson, rate: 1}, requests: 4}
+constraints: {p99_ttft_ms: LIMIT}
+objectives: [{maximize: goodput}, {minimize: p99_ttft_ms}]
+tune: {confirm: {candidates: 1, replicates: 3, min_effect: 0.05}}
+"""
+FIXED = {"enforce_eager": True}
+ENGINE = "vllm 0.32.0 (cpu)"
+# Launch order of the search: baseline, then these candidates (1 is pruned, 128 crashes).
+CANDIDATES = [4, 1, 128, 32]
+DEFAULT_SEQS = 16  # what the engine uses when max_num_seqs is not set (the baseline)
+BUNDLE = {
+    "optimization_manifest.json",
+    "hardware_profile.csv",
+    "latency_breakdown.svg",
+    "pareto.svg",
+    "pareto.csv",
+    "fallback_plan.md",
+    "deploy",
+}
+
+
+def _seqs(params: Mapping[str, Any]) -> int:
+    value = params.get("max_num_seqs", DEFAULT_SEQS)
+    assert isinstance(value, int)
+    return value
+
+
+def _level(load: float, goodput: float, ttft: float, limit: float, i: int = 0) -> Level:
+    margin = (ttft - limit) / limit
+    metrics: dict[str, float | None] = {
+        "goodput": goodput,
+        "request_rate": goodput,
+        "p50_ttft_ms": ttft / 2,
+        "p90_ttft_ms": ttft * 0.9,
+        "p99_ttft_ms": ttft,
+        "p99_tpot_ms": 5.0,
+        "p99_e2e_ms": ttft + 20.0,
+        "peak_memory_gib": 1.0,
+    }
+    engine = {"mean_queue_ms": 1.0, "mean_prefill_ms": ttft / 4, "mean_decode_ms": 15.0}
+    return Level(load, margin <= 0, metrics, {"p99_ttft_ms": margin}, {}, engine, f"level-{i}.json")
+
+
+@dataclass
+class Scenario:
+    """A synthetic study: search results per ``max_num_seqs`` and confirmation goodputs."""
+
+    limit: float = 100.0  # the SLA's p99 TTFT limit (ms)
+    baseline_fails: bool = False
+    # confirmation: goodput per replicate and whether it met the SLA, per max_num_seqs
+    confirm: dict[int, list[float]] = field(default_factory=dict)
+    confirm_misses: set[int] = field(default_factory=set)
+    confirm_calls: list[tuple[dict[str, Any], Path, float]] = field(default_factory=list)
+
+    def search(self, params: Mapping[str, Any], trial_dir: Path) -> TrialResult:
+        """One search launch: goodput grows with max_num_seqs, and so does TTFT."""
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        seqs = _seqs(params)
+        if seqs == 128 or (self.baseline_fails and "max_num_seqs" not in params):
+            result = TrialResult(
+                dict(params), "failed", "rate", reason="no memory", cause="out_of_memory"
+            )
+        else:
+            # The highest load the config sustains: 4 req/s for 32 seqs, 1 for the others.
+            top = 4.0 if seqs >= 32 else 1.0
+            levels: tuple[Level, ...] = (
+                _level(1.0, float(seqs) / 4, 100.0 * seqs / 64, self.limit, 0),
+            )
+            if levels[0].feasible:  # a config that misses the SLA's own load stops there
+                levels += (
+                    _level(top * 1.5, float(seqs), 10 * self.limit, self.limit, 1),
+                    _level(top, float(seqs), 100.0 * seqs / 64, self.limit, 2),
+                )
+            ok = [i for i, lv in enumerate(levels) if lv.feasible]
+            best = max(ok, key=lambda i: levels[i].load) if ok else None
+            reason = None if levels[0].feasible else "misses the SLA"
+            status = "complete" if reason is None else "stopped_early"
+            result = TrialResult(dict(params), status, "rate", levels, best, reason=reason)
+        atomic_write_text(trial_dir / "trial.json", json.dumps(result.to_dict(), indent=2))
+        return result
+
+    def confirm_run(self, params: Mapping[str, Any], run_dir: Path, load: float) -> TrialResult:
+        """One confirmation launch at ``load``: the next goodput of this config's list."""
+        self.confirm_calls.append((dict(params), run_dir, load))
+        seqs = _seqs(params)
+        done = sum(1 for p, _, _ in self.confirm_calls if _seqs(p) == seqs)
+        goodput = self.confirm[seqs][done - 1]
+        ttft = 10 * self.limit if seqs in self.confirm_misses else self.limit / 2
+        level = _level(load, goodput, ttft, self.limit)
+        best = 0 if level.feasible else None
+        return TrialResult(dict(params), "complete", "rate", (level,), best)
+
+
+def _hardware() -> HardwareProfile:
+    return HardwareProfile("cpu", CpuInfo("unit-cpu", 2, 2, 2**34, 2**33), hostname="unit")
+
+
+def _space() -> SearchSpace:
+    seqs = ParamSpec("max_num_seqs", "int", choices=(1, 4, 32, 128), default=None)
+    return SearchSpace("vllm", "0.32.0", "cpu", [seqs], dict(FIXED), source="unit")
+
+
+def _study(tmp_path: Path, sc: Scenario) -> Context:
+    """Run the study loop over the synthetic launches; return promotion's context."""
+    sla = parse_sla(SLA.replace("LIMIT", str(sc.limit)))
+    study_dir = tmp_path / sla.name
+    url = storage_url(study_dir, None)
+    study = open_study(sla, url, make_sampler("random", 10, 2, 0), {"engine": ENGINE})
+    order = iter(CANDIDATES)
+    runner = StudyRunner(
+        sla,
+        study,
+        study_dir,
+        suggest=lambda trial: {"max_num_seqs": next(order)},
+        fixed=FIXED,
+        prune=lambda p: "too few sequences" if p.get("max_num_seqs") == 1 else None,
+        run=sc.search,
+        budget=Budget(4),  # baseline + 4 + 128 (crashed) + 32; the pruned one is not counted
+        say=lambda s: None,
+    )
+    runner.loop()
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "llama"}')
+    py = tmp_path / "python"
+    return Context(sla, study, study_dir, _space(), _hardware(), model_dir, ENGINE, py, url)
+
+
+def _read_manifest(study_dir: Path) -> dict[str, Any]:
+    data = json.loads((study_dir / "promoted" / "optimization_manifest.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_a_confirmed_win_promotes_the_candidate_and_writes_the_bundle(tmp_path: Path) -> None:
+    sc = Scenario(confirm={32: [30.0, 31.0, 29.0], DEFAULT_SEQS: [15.0, 15.5, 14.5]})
+    ctx = _study(tmp_path, sc)
+    said: list[str] = []
+    manifest = promote(ctx, sc.confirm_run, said.append)
+
+    # Confirmation: the top candidate (trial 4, 32 seqs) and the baseline, 3 replicates each,
+    # interleaved, all at the geometric mean of their highest sustained loads (4 and 1).
+    assert [_seqs(p) for p, _, _ in sc.confirm_calls] == [32, 16, 16, 32, 32, 16]
+    assert [load for _, _, load in sc.confirm_calls] == pytest.approx([2.0] * len(sc.confirm_calls))
+    dirs = [d.relative_to(ctx.study_dir).as_posix() for _, d, _ in sc.confirm_calls]
+    assert dirs[:2] == ["confirm/trial-4-r0", "confirm/baseline-r0"]
+
+    promoted = manifest["promoted"]
+    assert promoted["label"] == "trial-4" and promoted["trial"] == 4
+    assert not promoted["is_baseline"] and promoted["meets_sla"] is True
+    assert promoted["params"] == {**FIXED, "max_num_seqs": 32}
+    assert promoted["tuned_params"] == {"max_num_seqs": 32}
+    assert promoted["serve_argv"][-2:] == ["--max-num-seqs", "32"]
+    assert "--enforce-eager" in promoted["serve_argv"]
+    decision = manifest["decision"]
+    assert decision["promoted"] == "trial-4" and not decision["promoted_is_baseline"]
+    assert decision["effect"] == pytest.approx(30.0 / 15.0 - 1)
+    assert "trial-4 beat the baseline" in decision["reason"]
+    assert any("promoted trial-4" in s for s in said)
+
+    # What the file says is what promote returned; measurements and provenance are there.
+    on_disk = _read_manifest(ctx.study_dir)
+    assert on_disk["promoted"] == promoted
+    search = on_disk["measurements"]["search"]
+    assert search["trial"] == 4 and search["max_load_meeting_sla"] == 4.0
+    conf = on_disk["measurements"]["confirmation"]
+    assert conf["load"] == pytest.approx(2.0) and conf["load_unit"] == "req/s"
+    assert len(conf["replicates"]) == 6
+    assert conf["spread"]["trial-4"]["goodput"]["mean"] == pytest.approx(30.0)
+    assert conf["spread"]["baseline"]["goodput"]["replicates"] == 3
+    assert on_disk["verdicts"]["at_sla_load"] == {"p99_ttft_ms": pytest.approx(-0.5)}
+    assert on_disk["pareto_front"][0] == 4
+    assert on_disk["provenance"]["engine_version"] == ENGINE
+    assert on_disk["provenance"]["search_space"]["hash"] == ctx.space.hash()
+    assert on_disk["provenance"]["study"]["trials"] == [0, 1, 2, 3, 4]
+    decisions = on_disk["decisions"]
+    assert [(d["trial"], d["reason"]) for d in decisions["pruned"]] == [(2, "too few sequences")]
+    assert [(d["trial"], d["cause"]) for d in decisions["failed"]] == [(3, "out_of_memory")]
+
+    bundle = ctx.study_dir / "promoted"
+    assert {p.name for p in bundle.iterdir()} == BUNDLE
+    rows = list(csv.DictReader(io.StringIO((bundle / "hardware_profile.csv").read_text())))
+    assert [(r["device"], r["name"], r["hostname"]) for r in rows] == [("cpu", "unit-cpu", "unit")]
+    svg = (bundle / "latency_breakdown.svg").read_text()
+    assert ElementTree.fromstring(svg).tag.endswith("svg")  # well-formed
+    assert "promoted (trial 4)" in svg and "baseline (trial 0)" in svg and "prefill" in svg
+    plan = (bundle / "fallback_plan.md").read_text()
+    assert "Promoted: **trial 4**" in plan
+    assert "baseline (engine defaults)" in plan  # the baseline is a fallback
+    assert "beat the baseline" in plan  # the decision's reason, under Notes
+    serve = bundle / "deploy" / "serve.sh"
+    assert serve.stat().st_mode & 0o111 and "--max-num-seqs 32" in serve.read_text()
+    assert "--max-num-seqs" in (bundle / "deploy" / "docker-run.sh").read_text()
+    assert "--max-num-seqs" in (bundle / "deploy" / "k8s.yaml").read_text()
+    assert not (ctx.study_dir / "no_promotion.json").exists()
+    # The study remembers the promotion: `autotuner report` shows it.
+    text = render(ctx.study, ctx.study_dir)
+    assert "promoted: trial-4 (trial 4)" in text
+    assert '"max_num_seqs": 32' in text
+
+
+def test_a_win_within_the_noise_keeps_the_baseline(tmp_path: Path) -> None:
+    sc = Scenario(confirm={32: [15.2, 15.0, 14.8], DEFAULT_SEQS: [15.0, 15.1, 14.9]})
+    ctx = _study(tmp_path, sc)
+    manifest = promote(ctx, sc.confirm_run, lambda s: None)
+    promoted = manifest["promoted"]
+    assert promoted["label"] == "baseline" and promoted["trial"] == 0
+    assert promoted["is_baseline"] and promoted["meets_sla"] is True
+    assert promoted["params"] == FIXED and promoted["tuned_params"] == {}
+    assert "--max-num-seqs" not in promoted["serve_argv"]
+    assert manifest["decision"]["reason"].startswith("kept the baseline")
+    assert _read_manifest(ctx.study_dir)["promoted"]["label"] == "baseline"
+    bundle = ctx.study_dir / "promoted"
+    assert {p.name for p in bundle.iterdir()} == BUNDLE
+    plan = (bundle / "fallback_plan.md").read_text()
+    assert "Promoted: **baseline (engine defaults)**" in plan
+    assert "trial 4 (Pareto point)" in plan  # the unconfirmed candidate is a fallback
+    assert "--max-num-seqs" not in (bundle / "deploy" / "serve.sh").read_text()
+    assert "promoted: baseline (trial 0)" in render(ctx.study, ctx.study_dir)
+
+
+def test_a_second_promotion_replaces_the_bundle_whole(tmp_path: Path) -> None:
+    sc = Scenario(confirm={32: [30.0, 31.0, 29.0] * 2, DEFAULT_SEQS: [15.0, 15.1, 14.9] * 2})
+    ctx = _study(tmp_path, sc)
+    promote(ctx, sc.confirm_run, lambda s: None)
+    stale = ctx.study_dir / "promoted" / "stale.txt"
+    stale.write_text("from the previous bundle")
+    promote(ctx, sc.confirm_run, lambda s: None)
+    assert {p.name for p in (ctx.study_dir / "promoted").iterdir()} == BUNDLE
+    leftovers = [p.name for p in ctx.study_dir.iterdir() if p.name.startswith(".promoted")]
+    assert leftovers == [] and not (ctx.study_dir / "promoted.old").exists()
+
+
+def test_nothing_feasible_promotes_nothing_and_confirms_nothing(tmp_path: Path) -> None:
+    sc = Scenario(limit=1.0)  # every config's p99 TTFT is above 1 ms
+    ctx = _study(tmp_path, sc)
+    said: list[str] = []
+    manifest = promote(ctx, sc.confirm_run, said.append)
+    assert manifest["promoted"] is None
+    assert manifest["decision"] == {"reason": "no measured config met the SLA"}
+    assert sc.confirm_calls == []
+    assert not (ctx.study_dir / "promoted").exists()
+    saved = json.loads((ctx.study_dir / "no_promotion.json").read_text())
+    assert saved["promoted"] is None and saved["pareto_front"] == []
+    assert {d["trial"] for d in saved["decisions"]["infeasible"]} == {0, 1, 4}
+    assert any("nothing to promote" in s for s in said)
+    assert "no promotion yet" in render(ctx.study, ctx.study_dir)
+
+
+def test_baseline_that_failed_to_start_promotes_the_best_ranked_candidate(tmp_path: Path) -> None:
+    sc = Scenario(baseline_fails=True, confirm={32: [30.0, 31.0, 29.0]})
+    ctx = _study(tmp_path, sc)
+    manifest = promote(ctx, sc.confirm_run, lambda s: None)
+    assert [_seqs(p) for p, _, _ in sc.confirm_calls] == [32, 32, 32]  # no baseline to compare
+    # No baseline: the lead is compared at its own highest sustained load.
+    assert [load for _, _, load in sc.confirm_calls] == pytest.approx([4.0] * len(sc.confirm_calls))
+    assert manifest["promoted"]["label"] == "trial-4" and manifest["promoted"]["meets_sla"]
+    assert "baseline could not be measured" in manifest["decision"]["reason"]
+    assert manifest["decision"]["effect"] is None
+    assert {p.name for p in (ctx.study_dir / "promoted").iterdir()} == BUNDLE
+
+
+def test_kept_baseline_that_misses_the_sla_is_not_reported_as_meeting_it(tmp_path: Path) -> None:
+    # p99 TTFT limit 20 ms: only 4 seqs (6 ms) meets it in the search; the baseline (16 seqs,
+    # 25 ms) and 32 seqs (50 ms) miss it. 4 seqs then misses the SLA in confirmation, so the
+    # baseline is kept: the safe choice, but it must not read as meeting the SLA.
+    sc = Scenario(
+        limit=20.0,
+        confirm={4: [5.0, 5.0, 5.0], DEFAULT_SEQS: [4.0, 4.0, 4.0]},
+        confirm_misses={4},
+    )
+    ctx = _study(tmp_path, sc)
+    manifest = promote(ctx, sc.confirm_run, lambda s: None)
+    assert sorted(_seqs(p) for p, _, _ in sc.confirm_calls) == [4, 4, 4, 16, 16, 16]
+    assert [load for _, _, load in sc.confirm_calls] == pytest.approx([1.0] * len(sc.confirm_calls))
+    promoted = manifest["promoted"]
+    assert promoted["label"] == "baseline" and promoted["meets_sla"] is False
+    assert manifest["pareto_front"] == [1]
+    reason = manifest["decision"]["reason"]
+    assert "trial-1 missed the SLA in 3 of 3 replicates" in reason
+    assert "the baseline itself misses the SLA" in reason
+    assert _read_manifest(ctx.study_dir)["promoted"]["meets_sla"] is False
