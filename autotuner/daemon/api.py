@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from autotuner import __version__
 from autotuner.daemon.errors import SubmitError
-from autotuner.daemon.metrics import StoreCollector, make_registry, render
+from autotuner.daemon.metrics import make_registry, render
 from autotuner.daemon.service import Daemon
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -98,18 +98,11 @@ async def list_studies(request: web.Request) -> web.Response:
 
 
 async def get_study(request: web.Request) -> web.Response:
-    daemon = request.app[DAEMON]
     name = request.match_info["name"]
-    row = daemon.store.get_sla(name)
-    if row is None:
+    study = request.app[DAEMON].study(name)
+    if study is None:
         return _error(404, [f"no SLA named {name!r}"])
-    return web.json_response(
-        {
-            **row.to_dict(),
-            "jobs": [j.to_dict() for j in daemon.store.jobs(sla=name, limit=50)],
-            "verdicts": [v for v in daemon.store.verdicts() if v["sla"] == name],
-        }
-    )
+    return web.json_response(study)
 
 
 async def delete_study(request: web.Request) -> web.Response:
@@ -123,28 +116,24 @@ async def action(request: web.Request) -> web.Response:
     """POST /v1/studies/{name}/tune or /check: queue a re-tune or a re-check now."""
     daemon = request.app[DAEMON]
     name, what = request.match_info["name"], request.match_info["action"]
-    row = daemon.store.get_sla(name)
-    if row is None:
-        return _error(404, [f"no SLA named {name!r}"])
-    if what == "tune":
-        extra = _int_param(request, "trials", 0)
-        job = daemon.enqueue_tune(name, row.engine, extra=extra)
-    elif row.promotion is None:
-        return _error(409, [f"{name}: nothing promoted yet to re-check"])
-    else:
-        job = daemon.store.enqueue("recheck", name, row.promotion["engine"], priority=1)
-        daemon.wake.set()
+    try:
+        if what == "tune":
+            job = daemon.tune_now(name, extra=_int_param(request, "trials", 0))
+        else:
+            job = daemon.check_now(name)
+    except SubmitError as exc:
+        return _error(exc.status, exc.messages)
     return web.json_response({"job": job}, status=202)
 
 
 async def list_jobs(request: web.Request) -> web.Response:
     states = tuple(s for s in request.query.get("state", "").split(",") if s)
-    jobs = request.app[DAEMON].store.jobs(states=states, limit=_int_param(request, "limit", 200))
+    jobs = request.app[DAEMON].list_jobs(states, limit=_int_param(request, "limit", 200))
     return web.json_response([j.to_dict() for j in jobs])
 
 
 async def get_job(request: web.Request) -> web.Response:
-    job = request.app[DAEMON].store.job(_job_id(request))
+    job = request.app[DAEMON].get_job(_job_id(request))
     if job is None:
         return _error(404, ["no such job"])
     return web.json_response(job.to_dict())
@@ -174,11 +163,11 @@ async def status(request: web.Request) -> web.Response:
 
 async def list_alerts(request: web.Request) -> web.Response:
     limit = _int_param(request, "limit", 100)
-    return web.json_response(request.app[DAEMON].store.alerts(limit=limit))
+    return web.json_response(request.app[DAEMON].list_alerts(limit=limit))
 
 
 async def list_engines(request: web.Request) -> web.Response:
-    return web.json_response(request.app[DAEMON].store.engines())
+    return web.json_response(request.app[DAEMON].list_engines())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -195,9 +184,7 @@ def make_app(daemon: Daemon) -> web.Application:
         middlewares=[_auth, _size_limit], client_max_size=daemon.config.max_request_bytes
     )
     app[DAEMON] = daemon
-    app[REGISTRY] = make_registry(
-        StoreCollector(daemon.store, daemon.leases.snapshot, daemon.started)
-    )
+    app[REGISTRY] = make_registry(daemon.collector())
     r = app.router
     r.add_post("/v1/studies", submit)
     r.add_get("/v1/studies", list_studies)

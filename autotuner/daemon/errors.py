@@ -16,3 +16,12 @@ class SubmitError(BadInput):
 
 class AlreadyRunning(BadInput):
     pass
+
+
+class StoreSchemaError(BadInput):
+    """The daemon's database has a schema this code cannot use: written by a newer autotuner
+    (a higher ``user_version``) or not a daemon database at all."""
+
+
+class UnknownJobKind(BadInput):
+    """A job row names a kind this daemon has no object for (see daemon/kinds.py)."""

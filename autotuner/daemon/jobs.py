@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotuner.sla.spec import Sla, to_yaml
+from autotuner.core.paths import atomic_write_text
+from autotuner.daemon.store import SlaRow
+from autotuner.sla.spec import Sla, parse_sla, to_yaml
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,18 @@ def pinned_yaml(sla: Sla, engine: str) -> str:
         workload = workload.model_copy(update={"dataset": str(sla.resolve_path(workload.dataset))})
     eng = sla.engine.model_copy(update={"name": engine, "python": None})
     return to_yaml(sla.model_copy(update={"model": model, "workload": workload, "engine": eng}))
+
+
+def pin(layout: Layout, row: SlaRow, engine: str) -> None:
+    """Write the SLA pinned to ``engine`` unless it exists. It is made from the pinned file
+    of the engine the SLA runs on, whose paths are absolute already (a spool file's
+    relative paths were resolved against the spool when it was submitted)."""
+    target = layout.sla_file(row.name, engine)
+    if target.is_file():
+        return
+    current = layout.sla_file(row.name, row.engine)
+    text = current.read_text() if current.is_file() else row.yaml
+    atomic_write_text(target, pinned_yaml(parse_sla(text, row.name), engine))
 
 
 def _me() -> list[str]:

@@ -5,31 +5,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from autotuner.daemon.config import ConfigError, DaemonConfig, load_config
 
+logger = logging.getLogger(__name__)
 
-def _say(msg: str) -> None:
-    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S%z")
-    print(f"{stamp} {msg}", flush=True)
+
+@contextlib.contextmanager
+def _log_to_stdout() -> Iterator[None]:
+    """The daemon's log (every ``autotuner.daemon`` logger) on stdout while it serves, one
+    timestamped line per event: what a service manager keeps."""
+    daemon_log = logging.getLogger("autotuner.daemon")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S%z"))
+    level = daemon_log.level
+    daemon_log.addHandler(handler)
+    daemon_log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        daemon_log.removeHandler(handler)
+        daemon_log.setLevel(level)
 
 
 async def serve(config: DaemonConfig, *, ready: asyncio.Event | None = None) -> int:
-    """Run until SIGTERM/SIGINT. Returns the exit code."""
+    """Run until SIGTERM/SIGINT, logging to stdout. Returns the exit code."""
+    with _log_to_stdout():
+        return await _serve(config, ready)
+
+
+async def _serve(config: DaemonConfig, ready: asyncio.Event | None) -> int:
     from aiohttp import web
 
     from autotuner.daemon.api import make_app
     from autotuner.daemon.leases import open_gpu_view
     from autotuner.daemon.service import Daemon
 
-    daemon = Daemon(config, gpus=open_gpu_view(), say=_say)
+    daemon = Daemon(config, gpus=open_gpu_view())
     try:
         daemon.recover()
         runner = web.AppRunner(make_app(daemon), access_log=None)
@@ -38,7 +59,7 @@ async def serve(config: DaemonConfig, *, ready: asyncio.Event | None = None) -> 
         await site.start()
         port = runner.addresses[0][1] if runner.addresses else config.port
         daemon.write_address(config.host, port)
-        _say(f"autotuner daemon listening on {daemon.url} (state: {daemon.root})")
+        logger.info("autotuner daemon listening on %s (state: %s)", daemon.url, daemon.root)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -49,15 +70,15 @@ async def serve(config: DaemonConfig, *, ready: asyncio.Event | None = None) -> 
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({loops, waiter}, return_when=asyncio.FIRST_COMPLETED)
         if loops in done and loops.exception() is not None:
-            _say(f"daemon loop crashed: {loops.exception()!r}")
-        _say("stopping: interrupting running jobs (they resume at the next start)")
+            logger.error("daemon loop crashed: %r", loops.exception())
+        logger.info("stopping: interrupting running jobs (they resume at the next start)")
         await daemon.stop()
         loops.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loops
         waiter.cancel()
         await runner.cleanup()
-        _say("stopped")
+        logger.info("stopped")
         return 0
     finally:
         daemon.close()

@@ -13,11 +13,11 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,15 +28,16 @@ import psutil
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.procs import set_parent_death_signal
-from autotuner.daemon import alerts, jobs, outcomes, spool, watch
+from autotuner.daemon import alerts, jobs, kinds, spool, watch
 from autotuner.daemon.config import DaemonConfig, check_cron, next_run
-from autotuner.daemon.errors import AlreadyRunning, SubmitError
+from autotuner.daemon.errors import AlreadyRunning, SubmitError, UnknownJobKind
 from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
+from autotuner.daemon.metrics import StoreCollector
 from autotuner.daemon.store import Job, SlaRow, Store
 from autotuner.engines import envs
 from autotuner.sla.spec import Sla, SlaError, parse_sla
 
-Say = Callable[[str], None]
+logger = logging.getLogger(__name__)
 STOP_GRACE_S = 90.0  # a job's engines need ~10 s to stop; tune writes its state on the way
 
 
@@ -73,16 +74,18 @@ def _token(path: Path) -> str:
 
 
 class Daemon:
-    def __init__(
-        self, config: DaemonConfig, *, gpus: GpuView | None = None, say: Say = print
-    ) -> None:
+    def __init__(self, config: DaemonConfig, *, gpus: GpuView | None = None) -> None:
         self.config = config
         self.root = config.state_dir
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)  # the token, SLAs and logs are the operator's business
         self.layout = jobs.Layout(self.root)
         self._lock = self._take_lock()
-        self.store = Store(self.root / "daemon.db")
+        try:
+            self.store = Store(self.root / "daemon.db")
+        except BaseException:  # e.g. a database of a newer autotuner: free the state dir
+            self._lock.close()
+            raise
         self.token = _token(self.root / "token")
         self.leases = Leases(
             gpus,
@@ -90,7 +93,6 @@ class Daemon:
             idle_mib=config.gpu_idle_mib,
             free_timeout_s=config.gpu_free_timeout_s,
         )
-        self.say = say
         self.started = time.time()
         self.running: dict[int, Running] = {}
         self.waiting: dict[int, str] = {}  # job id -> why it cannot start yet
@@ -121,7 +123,7 @@ class Daemon:
         back = []
         for job in self.store.jobs(states=("running",)):
             if job.pid is not None and _same_process(job.pid, job.pid_start):
-                self.say(f"job {job.id}: process {job.pid} outlived its daemon; stopping it")
+                logger.info("job %d: process %d outlived its daemon; stopping it", job.id, job.pid)
                 _kill_session(job.pid, grace_s=STOP_GRACE_S)
             if job.attempts >= self.config.max_attempts:
                 self.store.finish(job.id, "failed", error="interrupted by daemon crashes too often")
@@ -136,7 +138,7 @@ class Daemon:
             self.store.requeue(job.id, error="interrupted: the daemon stopped while it ran")
             back.append(job.id)
         if back:
-            self.say(f"re-queued interrupted jobs: {back}")
+            logger.info("re-queued interrupted jobs: %s", back)
         return back
 
     def write_address(self, host: str, port: int) -> None:
@@ -186,14 +188,11 @@ class Daemon:
             return {"sla": sla.name, "job": job_id, "engine": engine, "created": False}
         atomic_write_text(self.layout.sla_dir(sla.name) / "source.yaml", text)
         atomic_write_text(self.layout.sla_file(sla.name, engine), pinned)
-        try:
-            self.store.add_sla(sla.name, text, schedule or self.config.schedule, engine)
-        except Exception as exc:  # a racing submission of the same name won
-            if "UNIQUE" in str(exc):
-                raise SubmitError(409, [f"{source}: {sla.name!r} was just submitted"]) from None
-            raise
+        if not self.store.add_sla(sla.name, text, schedule or self.config.schedule, engine):
+            # a racing submission of the same name won
+            raise SubmitError(409, [f"{source}: {sla.name!r} was just submitted"])
         job_id = self.enqueue_tune(sla.name, engine, priority=priority)
-        self.say(f"submitted {sla.name} (engine {engine}): job {job_id}")
+        logger.info("submitted %s (engine %s): job %d", sla.name, engine, job_id)
         return {"sla": sla.name, "job": job_id, "engine": engine, "created": True}
 
     def _engine_for(self, sla: Sla, source: str) -> str:
@@ -237,6 +236,19 @@ class Daemon:
         self.wake.set()
         return job_id
 
+    def enqueue_recheck(self, sla: str, engine: str, *, priority: int = 0) -> int:
+        job_id = self.store.enqueue("recheck", sla, engine, priority=priority)
+        self.wake.set()
+        return job_id
+
+    def enqueue_regression(self, sla: str, old: str, new: str, *, priority: int = 0) -> int:
+        """Compare the promoted config of ``sla`` on engine ``old`` with engine ``new``."""
+        job_id = self.store.enqueue(
+            "regression", sla, new, args={"old": old, "new": new}, priority=priority
+        )
+        self.wake.set()
+        return job_id
+
     def delete_sla(self, name: str) -> bool:
         row = self.store.get_sla(name)
         if row is None:
@@ -253,6 +265,51 @@ class Daemon:
             _signal_session(run.proc.pid, signal.SIGTERM)
         return state
 
+    # ------------------------------------------------------------------ requests (the API)
+    def study(self, name: str) -> dict[str, Any] | None:
+        """One SLA with its newest jobs and its verdicts; None if there is no such SLA."""
+        row = self.store.get_sla(name)
+        if row is None:
+            return None
+        return {
+            **row.to_dict(),
+            "jobs": [j.to_dict() for j in self.store.jobs(sla=name, limit=50)],
+            "verdicts": [v for v in self.store.verdicts() if v["sla"] == name],
+        }
+
+    def tune_now(self, name: str, extra: int = 0) -> int:
+        """Queue a re-tune of SLA ``name`` adding ``extra`` launches; SubmitError 404 if none."""
+        row = self.store.get_sla(name)
+        if row is None:
+            raise SubmitError(404, [f"no SLA named {name!r}"])
+        return self.enqueue_tune(name, row.engine, extra=extra)
+
+    def check_now(self, name: str) -> int:
+        """Queue a re-check of the promoted config of ``name`` ahead of the queue; SubmitError
+        404 if there is no such SLA, 409 if nothing is promoted yet."""
+        row = self.store.get_sla(name)
+        if row is None:
+            raise SubmitError(404, [f"no SLA named {name!r}"])
+        if row.promotion is None:
+            raise SubmitError(409, [f"{name}: nothing promoted yet to re-check"])
+        return self.enqueue_recheck(name, row.promotion["engine"], priority=1)
+
+    def list_jobs(self, states: tuple[str, ...] = (), limit: int = 200) -> list[Job]:
+        return self.store.jobs(states=states, limit=limit)
+
+    def get_job(self, job_id: int) -> Job | None:
+        return self.store.job(job_id)
+
+    def list_alerts(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self.store.alerts(limit=limit)
+
+    def list_engines(self) -> dict[str, dict[str, Any]]:
+        return self.store.engines()
+
+    def collector(self) -> StoreCollector:
+        """The Prometheus collector of this daemon's state (read at scrape time)."""
+        return StoreCollector(self.store, self.leases.snapshot, self.started)
+
     # ------------------------------------------------------------------ the job loop
     async def dispatch(self) -> None:
         """Start every queued job whose devices are free (highest priority first)."""
@@ -266,9 +323,12 @@ class Daemon:
                 self.store.finish(job.id, "cancelled", error="its SLA was deleted")
                 continue
             try:
-                wanted = self._devices(row)
-                if job.kind == "tune" and self.config.executor == "ray" and self.config.ray_address:
-                    wanted = []  # the cluster's Ray places each trial on its free GPUs
+                kind = kinds.get(job.kind)
+            except UnknownJobKind as exc:
+                self.store.finish(job.id, "failed", error=str(exc))
+                continue
+            try:
+                wanted = self._devices(row) if kind.leases_devices(self.config) else []
             except (SlaError, LeaseError) as exc:
                 self.store.finish(job.id, "failed", error=str(exc))
                 self.alert("job_failed", job.sla, "warning", f"job {job.id}: {exc}", {})
@@ -277,9 +337,11 @@ class Daemon:
             if why is not None:
                 self.waiting[job.id] = why
                 continue
-            argv = self._argv(job, row)
-            if argv is None:
+            why_not = kind.cannot_run(row)
+            if why_not is not None:
+                self.store.finish(job.id, "cancelled", error=why_not)
                 continue
+            argv = kind.argv(self, job, row)
             if not self.store.claim(job.id):
                 continue
             self.leases.acquire(wanted, job.id)
@@ -300,49 +362,8 @@ class Daemon:
         kind, devices = cached[1]
         return self.leases.devices_for(kind, devices)
 
-    def _argv(self, job: Job, row: SlaRow) -> list[str] | None:
-        cfg = self.config
-        if job.kind == "tune":
-            self._pin(row, job.engine)
-            return jobs.tune_argv(
-                self.layout,
-                job.sla,
-                job.engine,
-                int(job.args.get("extra_trials", 0)),
-                cfg.executor,
-                cfg.ray_address,
-            )
-        if job.kind == "recheck":
-            p = row.promotion
-            if not p:
-                self.store.finish(job.id, "cancelled", error="nothing promoted to re-check")
-                return None
-            return jobs.recheck_argv(self.layout, job.sla, p["engine"], job.id, p["params"])
-        if job.kind == "regression":
-            old, new = str(job.args["old"]), str(job.args["new"])
-            self._pin(row, new)
-            return jobs.regression_argv(
-                self.layout,
-                job.sla,
-                old,
-                new,
-                job.id,
-                cfg.regression.replicates,
-                cfg.regression.min_effect,
-            )
-        self.store.finish(job.id, "failed", error=f"unknown job kind {job.kind!r}")
-        return None
-
     def _pin(self, row: SlaRow, engine: str) -> None:
-        """Write the SLA pinned to ``engine`` unless it exists. It is made from the pinned file
-        of the engine the SLA runs on, whose paths are absolute already (a spool file's
-        relative paths were resolved against the spool when it was submitted)."""
-        target = self.layout.sla_file(row.name, engine)
-        if target.is_file():
-            return
-        current = self.layout.sla_file(row.name, row.engine)
-        text = current.read_text() if current.is_file() else row.yaml
-        atomic_write_text(target, jobs.pinned_yaml(parse_sla(text, row.name), engine))
+        jobs.pin(self.layout, row, engine)
 
     async def _start(self, job: Job, argv: list[str], devices: list[str]) -> None:
         log_path = self.layout.log(job.id)
@@ -374,7 +395,9 @@ class Daemon:
         assert fresh is not None
         run = Running(fresh, proc, devices, log)
         self.running[job.id] = run
-        self.say(f"job {job.id} ({job.kind} {job.sla} on {job.engine}) started: pid {proc.pid}")
+        logger.info(
+            "job %d (%s %s on %s) started: pid %d", job.id, job.kind, job.sla, job.engine, proc.pid
+        )
         asyncio.get_running_loop().create_task(self._watch(run))
 
     async def _watch(self, run: Running) -> None:
@@ -391,7 +414,7 @@ class Daemon:
     def _finished(self, run: Running, code: int) -> None:
         job = self.store.job(run.job.id)
         assert job is not None
-        self.say(f"job {job.id} ({job.kind} {job.sla}) exited with {code}")
+        logger.info("job %d (%s %s) exited with %d", job.id, job.kind, job.sla, code)
         if job.cancel_requested:
             self.store.finish(job.id, "cancelled", exit_code=code)
             return
@@ -410,8 +433,8 @@ class Daemon:
                 {"job": job.id},
             )
             return
-        handled = {"tune": (0, 1), "recheck": (0, 1, 3), "regression": (0,)}[job.kind]
-        if code not in handled:
+        kind = kinds.get(job.kind)
+        if code not in kind.results:
             if job.attempts < self.config.max_attempts:
                 delay = 30.0 * 2 ** (job.attempts - 1)
                 self.store.requeue(
@@ -428,11 +451,7 @@ class Daemon:
                 {"job": job.id},
             )
             return
-        outcome = {
-            "tune": self._tune_done,
-            "recheck": self._recheck_done,
-            "regression": self._regression_done,
-        }[job.kind](job, code)
+        outcome = kind.finished(self, job, code)
         self.store.finish(job.id, "done", exit_code=code, outcome=outcome)
 
     def _tail(self, job_id: int, lines: int = 15) -> str:
@@ -458,20 +477,18 @@ class Daemon:
             if row.promotion is None:
                 queued.append(self.enqueue_tune(row.name, row.engine))
             else:
-                queued.append(self.store.enqueue("recheck", row.name, row.promotion["engine"]))
-        if queued:
-            self.wake.set()
+                queued.append(self.enqueue_recheck(row.name, row.promotion["engine"]))
         return queued
 
     # ------------------------------------------------------------------ delegated
     def _tune_done(self, job: Job, code: int) -> dict[str, Any]:
-        return outcomes.tune_done(self, job, code)
+        return kinds.get("tune").finished(self, job, code)
 
     def _recheck_done(self, job: Job, code: int) -> dict[str, Any]:
-        return outcomes.recheck_done(self, job, code)
+        return kinds.get("recheck").finished(self, job, code)
 
     def _regression_done(self, job: Job, code: int) -> dict[str, Any]:
-        return outcomes.regression_done(self, job, code)
+        return kinds.get("regression").finished(self, job, code)
 
     probe_engines = staticmethod(watch.probe_engines)
 
@@ -488,7 +505,8 @@ class Daemon:
         self, kind: str, sla: str, severity: str, summary: str, details: dict[str, Any]
     ) -> None:
         self.store.add_alert(kind, sla, severity, summary, details)
-        self.say(f"ALERT {severity} {kind}: {summary}")
+        level = logging.INFO if severity == "info" else logging.WARNING
+        logger.log(level, "ALERT %s %s: %s", severity, kind, summary)
         self.wake.set()
 
     # ------------------------------------------------------------------ status
@@ -563,7 +581,7 @@ class Daemon:
             probed = await asyncio.to_thread(self.probe_engines)
             self.scan_engines(probed)
         except Exception as exc:  # a broken registry must not stop the daemon
-            self.say(f"engine scan failed: {exc!r}")
+            logger.warning("engine scan failed: %r", exc)
 
     async def stop(self) -> None:
         """SIGTERM every job (they stop their engines and save their state), then return."""

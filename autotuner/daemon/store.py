@@ -3,12 +3,17 @@
 Every change is one short transaction, so a kill -9 at any point leaves a consistent file:
 a job is ``queued``, ``running`` (with the PID of its process) or finished. On start-up the
 daemon turns ``running`` jobs whose process is gone back into ``queued`` (see
-:meth:`Store.recover`), which is how nothing queued is ever lost.
+:meth:`Daemon.recover`), which is how nothing queued is ever lost.
+
+The schema is versioned: ``PRAGMA user_version`` holds the number of migrations applied, and
+opening a store applies the missing ones, in order, in one transaction. A database written by a
+newer tuner (a higher version than :data:`SCHEMA_VERSION`) is refused rather than guessed at.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
@@ -17,12 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from autotuner.daemon.errors import StoreSchemaError
+
 JobKind = Literal["tune", "recheck", "regression"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 JOB_STATES: tuple[JobState, ...] = ("queued", "running", "done", "failed", "cancelled")
 JOB_KINDS: tuple[JobKind, ...] = ("tune", "recheck", "regression")
 
-_SCHEMA = """
+logger = logging.getLogger(__name__)
+
+# Version 1: the schema as the daemon first shipped it (databases from before versioning have
+# exactly these tables at user_version 0; see Store._check_unversioned).
+_V1 = (
+    """
 CREATE TABLE IF NOT EXISTS slas (
     name TEXT PRIMARY KEY,
     yaml TEXT NOT NULL,
@@ -33,7 +45,9 @@ CREATE TABLE IF NOT EXISTS slas (
     promotion TEXT,                -- JSON: the promotion in force
     fallback TEXT,                 -- JSON: the one before it
     summary TEXT                   -- JSON: trials by state, best goodput (after each job)
-);
+)
+""",
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL,
@@ -53,8 +67,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     outcome TEXT,
     error TEXT,
     cancel_requested INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, priority, id);
+)
+""",
+    "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, priority, id)",
+    """
 CREATE TABLE IF NOT EXISTS alerts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -67,14 +83,18 @@ CREATE TABLE IF NOT EXISTS alerts (
     attempts INTEGER NOT NULL DEFAULT 0,
     next_try REAL NOT NULL DEFAULT 0,
     last_error TEXT
-);
+)
+""",
+    """
 CREATE TABLE IF NOT EXISTS engines (
     name TEXT PRIMARY KEY,
     version TEXT NOT NULL,
     distribution TEXT NOT NULL,
     device TEXT NOT NULL,
     seen REAL NOT NULL
-);
+)
+""",
+    """
 CREATE TABLE IF NOT EXISTS verdicts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -83,8 +103,14 @@ CREATE TABLE IF NOT EXISTS verdicts (
     new_engine TEXT NOT NULL,
     verdict TEXT NOT NULL,
     details TEXT NOT NULL
-);
-"""
+)
+""",
+)
+
+# Ordered migrations: MIGRATIONS[i] takes a database from version i to i + 1. Append new ones
+# at the end and never edit a shipped one: a database's user_version says which it has run.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 @dataclass(frozen=True)
@@ -147,6 +173,28 @@ def _sla(row: sqlite3.Row) -> SlaRow:
     return SlaRow(**d)
 
 
+def _columns(db: sqlite3.Connection) -> dict[str, list[str]]:
+    """Column names of every table of the database (SQLite's own tables left out)."""
+    names = db.execute(
+        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+    ).fetchall()
+    return {
+        str(n[0]): [str(c[1]) for c in db.execute("SELECT * FROM pragma_table_info(?)", (n[0],))]
+        for n in names
+    }
+
+
+def _columns_of(statements: tuple[str, ...]) -> dict[str, list[str]]:
+    """The tables a migration creates, as :func:`_columns` would read them back."""
+    scratch = sqlite3.connect(":memory:")
+    try:
+        for statement in statements:
+            scratch.execute(statement)
+        return _columns(scratch)
+    finally:
+        scratch.close()
+
+
 class Store:
     """All reads and writes of the daemon's database. Not thread-safe: one per thread."""
 
@@ -155,12 +203,61 @@ class Store:
         self.path = path
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a queued job survives a power cut too
-        self._db.executescript(_SCHEMA)
+        try:
+            self._refuse_newer(self.version())  # before anything writes to a file not ours
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a queued job survives a power cut too
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         self._db.close()
+
+    # ------------------------------------------------------------------ schema
+    def version(self) -> int:
+        """The schema version of the file (``PRAGMA user_version``)."""
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise StoreSchemaError(
+                f"{self.path}: the daemon database has schema version {version}, newer than "
+                f"this autotuner knows ({SCHEMA_VERSION}); run the newer autotuner, or point "
+                "the daemon at another state directory"
+            )
+
+    def _migrate(self) -> None:
+        """Apply the missing migrations in order, all in one transaction with the new version
+        (the version is read again inside it: another process may have migrated meanwhile)."""
+        with self._txn() as db:
+            version = self.version()
+            self._refuse_newer(version)
+            fresh = version == 0 and self._check_unversioned(db)
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[number - 1]:
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {number}")  # an int: nothing to quote
+        if fresh:
+            logger.info("%s: created (schema version %d)", self.path, SCHEMA_VERSION)
+        elif version < SCHEMA_VERSION:
+            logger.info("%s: schema version %d -> %d", self.path, version, SCHEMA_VERSION)
+
+    def _check_unversioned(self, db: sqlite3.Connection) -> bool:
+        """Version 0 is a new file (True) or one from before versioning, whose tables are those
+        of version 1; anything else (another program's database) is refused, not altered."""
+        found = _columns(db)
+        if not found:
+            return True
+        expected = _columns_of(_V1)
+        odd = sorted(t for t, columns in found.items() if expected.get(t) != columns)
+        if odd:
+            raise StoreSchemaError(
+                f"{self.path}: not a daemon database this autotuner knows (schema version 0 "
+                f"with unexpected tables or columns: {', '.join(odd)})"
+            )
+        return False
 
     @contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
@@ -173,12 +270,17 @@ class Store:
         self._db.execute("COMMIT")
 
     # ------------------------------------------------------------------ SLAs
-    def add_sla(self, name: str, yaml_text: str, schedule: str, engine: str) -> None:
-        with self._txn() as db:
-            db.execute(
-                "INSERT INTO slas(name, yaml, schedule, engine, submitted) VALUES (?,?,?,?,?)",
-                (name, yaml_text, schedule, engine, time.time()),
-            )
+    def add_sla(self, name: str, yaml_text: str, schedule: str, engine: str) -> bool:
+        """Register an SLA; False when one of that name exists (a racing submission won)."""
+        try:
+            with self._txn() as db:
+                db.execute(
+                    "INSERT INTO slas(name, yaml, schedule, engine, submitted) VALUES (?,?,?,?,?)",
+                    (name, yaml_text, schedule, engine, time.time()),
+                )
+        except sqlite3.IntegrityError:  # the primary key: every other column is given
+            return False
+        return True
 
     def get_sla(self, name: str) -> SlaRow | None:
         row = self._db.execute("SELECT * FROM slas WHERE name=?", (name,)).fetchone()

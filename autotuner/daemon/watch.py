@@ -3,12 +3,15 @@ regression check of every promoted config) or a version changed in place (a re-c
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from autotuner.engines import envs
 
 if TYPE_CHECKING:
     from autotuner.daemon.service import Daemon
+
+logger = logging.getLogger(__name__)
 
 
 def probe_engines() -> list[envs.EngineEnv | str]:
@@ -40,7 +43,7 @@ def scan_engines(
     for env in probed:
         if isinstance(env, str):
             present.add(env)
-            d.say(f"engine {env}: cannot probe its interpreter; skipped")
+            logger.warning("engine %s: cannot probe its interpreter; skipped", env)
             continue
         present.add(env.name)
         before = seen.get(env.name)
@@ -61,7 +64,7 @@ def scan_engines(
 def engine_changed(d: Daemon, name: str, old_version: str | None, version: str) -> None:
     new_env = envs.get(name)
     what = "registered" if old_version is None else f"changed from {old_version}"
-    d.say(f"engine {name} {what} ({version})")
+    logger.info("engine %s %s (%s)", name, what, version)
     for row in d.store.slas():
         p = row.promotion
         if not p:
@@ -83,7 +86,7 @@ def engine_changed(d: Daemon, name: str, old_version: str | None, version: str) 
                 {"engine": name, "old_version": old_version, "new_version": version},
             )
             if not d.store.pending(row.name, "recheck"):
-                d.store.enqueue("recheck", row.name, name, priority=1)
+                d.enqueue_recheck(row.name, name, priority=1)
             continue
         if cur_env is None or cur_env.device != new_env.device or cur_env.kind != new_env.kind:
             continue
@@ -92,7 +95,5 @@ def engine_changed(d: Daemon, name: str, old_version: str | None, version: str) 
             for j in d.store.jobs(states=("queued", "running"), sla=row.name)
         ):
             continue
-        d.store.enqueue(
-            "regression", row.name, name, args={"old": current, "new": name}, priority=1
-        )
+        d.enqueue_regression(row.name, current, name, priority=1)
     d.wake.set()

@@ -74,7 +74,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, envs.EngineEnv]:
 
 @pytest.fixture
 def daemon(tmp_path: Path, registry: dict[str, envs.EngineEnv]) -> Iterator[Daemon]:
-    d = Daemon(DaemonConfig(state_dir=tmp_path / "state"), say=lambda _: None)
+    d = Daemon(DaemonConfig(state_dir=tmp_path / "state"))
     yield d
     d.close()
 
@@ -115,20 +115,20 @@ def test_queue_survives_reopening_and_orders_by_priority(tmp_path: Path) -> None
 
 
 def test_token_is_private_and_stable(tmp_path: Path, registry: Any) -> None:
-    d = Daemon(DaemonConfig(state_dir=tmp_path / "s"), say=lambda _: None)
+    d = Daemon(DaemonConfig(state_dir=tmp_path / "s"))
     token = d.token
     mode = stat.S_IMODE((tmp_path / "s" / "token").stat().st_mode)
     assert mode == 0o600
     assert len(token) >= 32
     d.close()
-    d = Daemon(DaemonConfig(state_dir=tmp_path / "s"), say=lambda _: None)
+    d = Daemon(DaemonConfig(state_dir=tmp_path / "s"))
     assert d.token == token
     d.close()
 
 
 def test_one_daemon_per_state_dir(daemon: Daemon) -> None:
     with pytest.raises(AlreadyRunning):
-        Daemon(DaemonConfig(state_dir=daemon.root), say=lambda _: None)
+        Daemon(DaemonConfig(state_dir=daemon.root))
 
 
 def test_config_errors_are_plain(tmp_path: Path) -> None:
@@ -664,7 +664,7 @@ def test_an_empty_token_file_gets_a_new_token(tmp_path: Path, registry: Any) -> 
     state.mkdir()
     (state / "token").write_text("\n")  # a first start that died mid-write
     (state / "token").chmod(0o644)
-    d = Daemon(DaemonConfig(state_dir=state), say=lambda _: None)
+    d = Daemon(DaemonConfig(state_dir=state))
     try:
         assert len(d.token) >= 32
         assert (state / "token").read_text().strip() == d.token
