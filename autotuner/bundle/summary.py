@@ -1,4 +1,5 @@
-"""`autotuner report STUDY`: what a study did — trials, Pareto front, promoted config, why.
+"""What a study did — trials, Pareto front, promoted config, why — as text (printed by
+`autotuner report STUDY`, :mod:`autotuner.cli.report`).
 
 Reads only the study's storage and its directory; starts nothing.
 """
@@ -6,7 +7,6 @@ Reads only the study's storage and its directory; starts nothing.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.search import placement
-from autotuner.search.study import ROLE, feasible, storage_url
-
-
-def _find(study: str, trials_dir: Path) -> Path:
-    """A study directory from a path, an SLA file's name, or a study name."""
-    p = Path(study)
-    if (p / "study.db").exists() or (p / "sla.yaml").exists():
-        return p
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        from autotuner.sla.spec import load_sla
-
-        return trials_dir / load_sla(p).name
-    return trials_dir / study
+from autotuner.search.study import ROLE, feasible
 
 
 def _status(t: FrozenTrial) -> str:
@@ -99,19 +87,3 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     if any(p.node for p in placements):  # ran on Ray: where each launch went
         lines += ["", placement.render(placements)]
     return "\n".join(lines)
-
-
-def main_report(study: str, trials_dir: str) -> int:
-    sdir = _find(study, Path(trials_dir))
-    db = sdir / "study.db"
-    if not db.exists():
-        print(f"error: no study at {sdir} (looked for {db})", file=sys.stderr)
-        return 2
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    summaries = optuna.get_all_study_summaries(storage_url(sdir, None))
-    if not summaries:
-        print(f"error: {db} holds no study", file=sys.stderr)
-        return 2
-    s = optuna.load_study(study_name=summaries[0].study_name, storage=storage_url(sdir, None))
-    print(render(s, sdir))
-    return 0

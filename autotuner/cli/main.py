@@ -1,8 +1,9 @@
-"""The `autotuner` command line. Each subcommand hands off to a ``main_*`` function.
+"""The `autotuner` command line: argument parsing and dispatch.
 
-Exit codes: 0 success (for ``bench``: SLA met), 1 SLA not met or a failed operation,
-2 bad input (invalid SLA file, unknown engine, bad arguments), 3 engine failed to start,
-130 interrupted.
+Each command's handler lives in its own module of this package (bench, tune, report, check,
+compare, engine, model, daemon) and runs inside the one error wrapper of
+:mod:`autotuner.cli.errors`, which turns what escapes it into an exit code
+(:data:`autotuner.core.errors.EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,29 @@ import argparse
 import sys
 
 from autotuner import __version__
+from autotuner.cli import errors
+from autotuner.core.errors import EXIT_CODES
+
+DEBUG_HELP = "on an internal error, print the traceback instead of writing it to a file"
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
+    return (
+        f"exit codes:\n{codes}\n"
+        f"internal errors write their traceback to {errors.logs_dir()}/crash-*.log"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="autotuner",
         description="SLA-driven autotuner for LLM inference serving (vLLM).",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"autotuner {__version__}")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("bench", help="measure one config against an SLA on a real engine")
@@ -119,31 +135,42 @@ def _parser() -> argparse.ArgumentParser:
         c2.add_argument("--state-dir", help="the daemon's state directory (address, token)")
         c2.add_argument("--url", help="daemon URL (default: read from the state directory)")
         c2.add_argument("--token-file", help="API token file (default: STATE_DIR/token)")
+    _debug_everywhere(p)
     return p
 
 
+def _debug_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept ``--debug`` after the command too (``autotuner tune x.yaml --debug``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                # SUPPRESS: unless given here, the top-level value stands
+                sub.add_argument(
+                    "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
+                )
+                _debug_everywhere(sub)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The console script. Returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
-    try:
-        return _dispatch(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return errors.run(lambda: _dispatch(args), argv, debug=args.debug)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
-        from autotuner.measure.bench import main_bench
+        from autotuner.cli.bench import main_bench
 
         return main_bench(args.sla, args.output, args.sets, args.trials_dir, args.json)
     if args.command == "tune":
-        from autotuner.search.tune import main_tune
+        from autotuner.cli.tune import main_tune
 
         return main_tune(
             args.sla, args.trials_dir, args.trials, args.extra_trials, args.executor, args.address
         )
     if args.command == "compare-engines":
-        from autotuner.measure.regress import main_compare
+        from autotuner.cli.compare import main_compare
 
         return main_compare(
             args.sla,
@@ -156,7 +183,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.fail_on_regression,
         )
     if args.command in ("daemon", "submit", "status"):
-        from autotuner.daemon import main as dm
+        from autotuner.cli import daemon as dm
 
         if args.command == "daemon":
             return dm.main_daemon(args.config, args.state_dir, args.host, args.port)
@@ -171,25 +198,25 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return dm.main_status(args.state_dir, args.url, args.token_file, args.json)
     if args.command == "report":
-        from autotuner.bundle.summary import main_report
+        from autotuner.cli.report import main_report
 
         return main_report(args.study, args.trials_dir)
     if args.command == "check":
-        from autotuner.sla.spec import check_main
+        from autotuner.cli.check import check_main
 
         return check_main(args.files)
     if args.command == "engine":
-        from autotuner.engines import envs
+        from autotuner.cli import engine
 
         if args.engine_command == "install":
-            return envs.main_install(args.spec, args.name)
+            return engine.main_install(args.spec, args.name)
         if args.engine_command == "add":
-            return envs.main_add(args.name, args.python, args.replace)
+            return engine.main_add(args.name, args.python, args.replace)
         if args.engine_command == "list":
-            return envs.main_list(args.json)
-        return envs.main_remove(args.name)
+            return engine.main_list(args.json)
+        return engine.main_remove(args.name)
     if args.command == "model":
-        from autotuner.models.synth import main_synth
+        from autotuner.cli.model import main_synth
 
         return main_synth(args.arch, args.out, args.force)
     raise AssertionError(args.command)

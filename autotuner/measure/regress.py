@@ -21,8 +21,6 @@ resumes where it stopped.
 from __future__ import annotations
 
 import json
-import signal
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +29,6 @@ from typing import Any, Literal
 import numpy as np
 
 from autotuner.core.paths import atomic_write_text
-from autotuner.core.procs import sigterm_as_interrupt
 from autotuner.engines import envs
 from autotuner.engines.vllm.launcher import ParamValue
 from autotuner.search.confirm import interleaved_order, spread
@@ -337,46 +334,3 @@ def compare_engines(
     atomic_write_text(work_dir / "result.json", json.dumps(result, indent=2))
     say(outcome.summary())
     return result
-
-
-def main_compare(
-    sla_path: str,
-    bundle: str,
-    old: str,
-    new: str,
-    replicates: int,
-    min_effect: float,
-    work_dir: str,
-    fail_on_regression: bool,
-) -> int:
-    """CLI handler. 0: verdict written; 1: regression (with --fail-on-regression); 2: bad
-    input; 130: interrupted (run it again to resume)."""
-    from autotuner.sla.spec import SlaError
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
-
-    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
-    try:
-        result = compare_engines(
-            sla_path,
-            Path(bundle),
-            old,
-            new,
-            replicates=replicates,
-            min_effect=min_effect,
-            work_dir=Path(work_dir),
-            say=say,
-        )
-    except SlaError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    except (envs.EngineEnvError, FileNotFoundError, json.JSONDecodeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: engines stopped; run the same command again to resume", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return 1 if fail_on_regression and result["verdict"] == "regression" else 0

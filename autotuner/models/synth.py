@@ -42,7 +42,6 @@ import errno
 import json
 import os
 import shutil
-import sys
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -63,7 +62,6 @@ __all__ = [
     "WEIGHTS_NAME",
     "ArchSpec",
     "default_model_dir",
-    "main_synth",
     "needs_dummy_load",
     "param_count",
     "read_safetensors_header",
@@ -820,42 +818,3 @@ def _install(tmp: Path, out_dir: Path, arch: str, seed: int, force: bool) -> Non
         raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _human(n: float, units: tuple[str, ...] = ("", "K", "M", "B", "T")) -> str:
-    for u in units:
-        if abs(n) < 1000 or u == units[-1]:
-            return f"{n:.0f}{u}" if u == "" else f"{n:.2f}{u}"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
-def main_synth(arch: str, out: str | None, force: bool) -> int:
-    """``autotuner model synth --arch A [--out DIR] [--force]``: write and summarize a model.
-
-    Prints the model directory, then one summary line. Unknown arch: message on stderr,
-    returns 2.
-    """
-    if arch not in ARCHS:
-        print(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHS)}", file=sys.stderr)
-        return 2
-    spec = ARCHS[arch]
-    out_dir = Path(out) if out else default_model_dir(arch)
-    try:
-        path = synthesize(arch, out_dir, force=force)
-    except FileExistsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    cfg = spec.config()
-    weights = (
-        f"random weights ({WEIGHTS_NAME}, {(path / WEIGHTS_NAME).stat().st_size / 2**20:.1f} MiB)"
-        if spec.has_weights
-        else "no weights (serve with --load-format dummy)"
-    )
-    print(path)
-    print(
-        f"{arch}: {cfg['architectures'][0]}, {_human(param_count(cfg, spec.family))} params, "
-        f"{cfg['num_hidden_layers']} layers, vocab {cfg['vocab_size']}, "
-        f"max_len {cfg['max_position_embeddings']}, {weights}"
-    )
-    return 0

@@ -1,4 +1,5 @@
-"""`autotuner tune`: a real study on real engines, ending with a promoted bundle.
+"""A real study on real engines, ending with a promoted bundle (the library of `autotuner
+tune`; the command is :mod:`autotuner.cli.tune`).
 
 Wires the parts: model and engine environment, hardware probe, version-specific search space,
 Optuna study (resumable), pruning (rules, memory model, earlier crashes), one launch per trial
@@ -11,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import signal
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,7 +23,6 @@ from optuna.trial import TrialState
 from autotuner.bundle.promote import Context, promote
 from autotuner.core import hardware
 from autotuner.core.paths import atomic_write_text
-from autotuner.core.procs import sigterm_as_interrupt
 from autotuner.engines import envs
 from autotuner.engines.vllm.launcher import ParamValue
 from autotuner.measure.bench import resolve_model
@@ -34,7 +32,6 @@ from autotuner.search.space import ParamValue as SpaceValue
 from autotuner.search.study import (
     Budget,
     Grid,
-    StudyMismatch,
     StudyRunner,
     counted,
     default_budget,
@@ -45,7 +42,7 @@ from autotuner.search.study import (
     storage_url,
 )
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
-from autotuner.sla.spec import Sla, SlaError, load_sla, to_yaml
+from autotuner.sla.spec import Sla, to_yaml
 
 VLLM_DEFAULT_GMU = 0.92  # vLLM's default gpu_memory_utilization
 # What NVML shows beyond vLLM's pool (CUDA context, graphs): on an H200 with vLLM 0.26 at 0.92
@@ -276,50 +273,3 @@ def tune(
     finally:
         if remote is not None:
             remote.close()
-
-
-def main_tune(
-    sla_path: str,
-    trials_dir: str,
-    trials: int | None,
-    extra_trials: int = 0,
-    executor: str = "local",
-    address: str | None = None,
-) -> int:
-    """CLI handler. 0: a config that meets the SLA is promoted; 1: none confirmed to meet it
-    (the bundle may still hold the baseline and its fallbacks); 2: bad input; 130: interrupted."""
-    try:
-        sla = load_sla(sla_path)
-    except SlaError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        manifest = tune(
-            sla,
-            trials_dir=Path(trials_dir),
-            budget_trials=trials,
-            extra_trials=extra_trials,
-            executor=executor,
-            address=address,
-        )
-    except (
-        StudyMismatch,
-        SpaceError,
-        envs.EngineEnvError,
-        hardware.HardwareError,
-        FileNotFoundError,
-    ) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: engines stopped; run the same command again to resume", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if manifest.get("promoted") is None:
-        return 1
-    bundle = Path(trials_dir) / sla.name / "promoted"
-    print(f"bundle: {bundle}")
-    return 0 if manifest["promoted"].get("meets_sla") else 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -1195,25 +1194,3 @@ def to_yaml(sla: Sla) -> str:
         "tune": sla.tune.model_dump(exclude_defaults=True),
     }
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)
-
-
-def check_main(paths: list[str]) -> int:
-    """``autotuner check FILE...``: 0 if every file is a valid SLA, else 2 (problems on stderr)."""
-    if not paths:
-        print("usage: autotuner check SLA_FILE...", file=sys.stderr)
-        return 2
-    ok = True
-    for p in paths:
-        try:
-            load_sla(p)
-        except SlaError as exc:
-            ok = False
-            print(exc, file=sys.stderr)
-        except Exception as exc:  # a bug here must still not show the user a traceback
-            ok = False
-            print(
-                f"{p}: internal error while checking: {type(exc).__name__}: {exc}", file=sys.stderr
-            )
-        else:
-            print(f"OK {p}")
-    return 0 if ok else 2

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.cli.bench import parse_overrides
 from autotuner.cli.main import main
-from autotuner.measure.bench import parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 

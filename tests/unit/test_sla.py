@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.cli.check import check_main
 from autotuner.sla.spec import (
     PERCENTILE_METRIC_RE,
     SCALAR_METRICS,
@@ -20,7 +21,6 @@ from autotuner.sla.spec import (
     SlaError,
     UniformDist,
     canonical_metric,
-    check_main,
     is_known_metric,
     load_sla,
     parse_percentile_metric,

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from autotuner.cli import model as model_cli
 from autotuner.models import synth
 
 EXPECTED_KEYS = {
@@ -208,13 +209,13 @@ def test_default_dir_and_main(
 ) -> None:
     monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
     assert synth.default_model_dir("tiny-llama") == (tmp_path / "home" / "models" / "tiny-llama")
-    assert synth.main_synth("tiny-llama", None, False) == 0
+    assert model_cli.main_synth("tiny-llama", None, False) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == str(synth.default_model_dir("tiny-llama"))
     assert "vocab 8192" in out[1] and "params" in out[1] and "random weights" in out[1]
-    assert synth.main_synth("qwen3-8b", str(tmp_path / "q"), False) == 0
+    assert model_cli.main_synth("qwen3-8b", str(tmp_path / "q"), False) == 0
     assert "--load-format dummy" in capsys.readouterr().out
-    assert synth.main_synth("gpt-9", None, False) == 2
+    assert model_cli.main_synth("gpt-9", None, False) == 2
     err = capsys.readouterr().err
     assert "gpt-9" in err and "tiny-llama" in err
 

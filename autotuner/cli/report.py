@@ -1,0 +1,41 @@
+"""`autotuner report STUDY`: print what a study did (trials, Pareto front, promoted config).
+
+Reads only the study's storage and its directory; starts nothing. Exit 0, or 2 when there is
+no study there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autotuner.bundle.summary import render
+from autotuner.core.errors import BadInput
+from autotuner.search.study import storage_url
+
+
+def find_study(study: str, trials_dir: Path) -> Path:
+    """A study directory from a path, an SLA file's name, or a study name."""
+    p = Path(study)
+    if (p / "study.db").exists() or (p / "sla.yaml").exists():
+        return p
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        from autotuner.sla.spec import load_sla
+
+        return trials_dir / load_sla(p).name
+    return trials_dir / study
+
+
+def main_report(study: str, trials_dir: str) -> int:
+    sdir = find_study(study, Path(trials_dir))
+    db = sdir / "study.db"
+    if not db.exists():
+        raise BadInput(f"no study at {sdir} (looked for {db})")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    summaries = optuna.get_all_study_summaries(storage_url(sdir, None))
+    if not summaries:
+        raise BadInput(f"{db} holds no study")
+    s = optuna.load_study(study_name=summaries[0].study_name, storage=storage_url(sdir, None))
+    print(render(s, sdir))
+    return 0

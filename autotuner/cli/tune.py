@@ -1,0 +1,53 @@
+"""`autotuner tune SLA`: run (or resume) the study, confirm and promote.
+
+Exit 0: a config that meets the SLA is promoted; 1: none confirmed to meet it (the bundle may
+still hold the baseline and its fallbacks); 2: bad input; 130: interrupted (run the same
+command again to resume).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import optuna
+
+from autotuner.core.errors import BadInput, Interrupted
+from autotuner.core.procs import sigterm_as_interrupt
+from autotuner.search.tune import tune
+from autotuner.sla.spec import load_sla
+
+
+def main_tune(
+    sla_path: str,
+    trials_dir: str,
+    trials: int | None,
+    extra_trials: int = 0,
+    executor: str = "local",
+    address: str | None = None,
+) -> int:
+    sla = load_sla(sla_path)
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        manifest = tune(
+            sla,
+            trials_dir=Path(trials_dir),
+            budget_trials=trials,
+            extra_trials=extra_trials,
+            executor=executor,
+            address=address,
+        )
+    except FileNotFoundError as exc:  # the SLA's model or dataset went missing
+        raise BadInput(str(exc)) from exc
+    except KeyboardInterrupt:
+        raise Interrupted(
+            "interrupted: engines stopped; run the same command again to resume"
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if manifest.get("promoted") is None:
+        return 1
+    bundle = Path(trials_dir) / sla.name / "promoted"
+    print(f"bundle: {bundle}")
+    return 0 if manifest["promoted"].get("meets_sla") else 1
