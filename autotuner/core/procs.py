@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -12,6 +13,8 @@ import time
 from types import FrameType
 
 import psutil
+
+logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -80,6 +83,7 @@ def kill_group(pgid: int, extra: list[psutil.Process], grace_s: float = 15.0) ->
         if not _alive(pgid, extra):
             return True
         time.sleep(0.1)
+    logger.info("process group %d still running %.0f s after SIGTERM: SIGKILL", pgid, grace_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     for proc in [*extra, *group_members(pgid)]:
@@ -90,16 +94,20 @@ def kill_group(pgid: int, extra: list[psutil.Process], grace_s: float = 15.0) ->
         if not _alive(pgid, extra):
             return True
         time.sleep(0.1)
-    return not _alive(pgid, extra)
+    if not _alive(pgid, extra):
+        return True
+    left = sorted({p.pid for p in [*extra, *group_members(pgid)] if _running(p)})
+    logger.warning("process group %d: processes %s still alive after SIGKILL", pgid, left)
+    return False
 
 
 def _alive(pgid: int, extra: list[psutil.Process]) -> bool:
-    if group_members(pgid):
-        return True
-    for proc in extra:
-        with contextlib.suppress(psutil.Error):
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
+    return bool(group_members(pgid)) or any(_running(p) for p in extra)
+
+
+def _running(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     return False
 
 

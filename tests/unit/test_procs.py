@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from autotuner.core import procs
 
@@ -63,6 +65,28 @@ def test_kill_group_escalates_to_sigkill() -> None:
     assert procs.kill_group(stubborn.pid, [], grace_s=0.5)
     assert stubborn.wait(timeout=5) == -signal.SIGKILL
     assert time.monotonic() - started < 10
+
+
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(600)"
+)
+
+
+def test_kill_group_logs_the_escalation(caplog: pytest.LogCaptureFixture) -> None:
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", IGNORES_SIGTERM],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "ready"
+    with caplog.at_level(logging.INFO, logger="autotuner.core.procs"):
+        assert procs.kill_group(stubborn.pid, [], grace_s=0.3)
+    stubborn.wait(timeout=5)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"process group {stubborn.pid} still running 0 s after SIGTERM: SIGKILL"
+    ]
 
 
 def test_guard_reaps_the_group_when_its_owner_is_killed() -> None:
