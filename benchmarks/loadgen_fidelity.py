@@ -72,7 +72,8 @@ import psutil
 
 from autotuner.engines import envs
 from autotuner.engines.base import Endpoint, EngineLaunchError
-from autotuner.engines.vllm.launcher import VllmEngine, free_port
+from autotuner.engines.process import free_port
+from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.measure.evaluate import metric_value
 from autotuner.measure.loadgen import LoadPlan, LoadResult, RequestRecord, run_load
 from autotuner.measure.workload import (

@@ -23,10 +23,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner import __version__
-from autotuner.bundle import deploy, report
+from autotuner.bundle import report
 from autotuner.core.hardware import HardwareProfile
 from autotuner.core.paths import atomic_write_text
-from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.core.types import ParamValue
+from autotuner.engines import registry
+from autotuner.engines.base import DeployRenderer
 from autotuner.search.confirm import Decision, Replicate, decide, interleaved_order
 from autotuner.search.pareto import Candidate, pareto_front, rank
 from autotuner.search.space import SearchSpace
@@ -283,9 +285,15 @@ def _model_hash(model_dir: Path) -> str:
     return hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
 
 
+def _renderer(ctx: Context) -> DeployRenderer:
+    """The deploy renderer of the engine kind the study tuned."""
+    return registry.get(ctx.sla.engine.kind).deploy
+
+
 def _serve_argv(ctx: Context, params: Mapping[str, Any]) -> list[str]:
     served = ctx.sla.model.served_name or ctx.sla.model.synth or ctx.model_dir.name
     python = str(ctx.engine_python) if ctx.hardware.device == "cpu" else None
+    deploy = _renderer(ctx)
     return deploy.serve_command(params, model=str(ctx.model_dir), served_name=served, python=python)
 
 
@@ -501,6 +509,7 @@ def write_bundle(
 def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
     served = ctx.sla.model.served_name or ctx.sla.model.synth or ctx.model_dir.name
     cpu = ctx.hardware.device == "cpu"
+    deploy = _renderer(ctx)
     image = deploy.default_image(ctx.engine_version, cpu=cpu)
     header = [
         f"autotuner {__version__}: promoted config of study {ctx.sla.name}",

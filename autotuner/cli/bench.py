@@ -18,8 +18,8 @@ from typing import Any, TextIO
 
 from autotuner.core.errors import BadInput, EngineStartFailed, Interrupted
 from autotuner.core.paths import atomic_write_text
+from autotuner.core.types import ParamValue
 from autotuner.engines.base import EngineLaunchError
-from autotuner.engines.vllm.launcher import ParamValue
 from autotuner.measure.bench import BenchOutcome, bench
 
 

@@ -221,10 +221,10 @@ class Daemon:
                     f"it with `autotuner engine add NAME --python {want}` and name it in the SLA"
                 ],
             )
-        vllm = [e for e in registered if e.kind == sla.engine.kind]
-        if len(vllm) == 1:
-            return vllm[0].name
-        names = ", ".join(e.name for e in vllm) or "none registered"
+        of_kind = [e for e in registered if e.kind == sla.engine.kind]
+        if len(of_kind) == 1:
+            return of_kind[0].name
+        names = ", ".join(e.name for e in of_kind) or "none registered"
         raise SubmitError(
             400, [f"{source}: engine: name the engine environment to use (engine.name: {names})"]
         )

@@ -1,18 +1,33 @@
-"""The contract every engine backend follows.
+"""The contract every engine follows: one :class:`EngineAdapter` per engine kind.
 
-An engine is a server process the tuner starts, load-tests and stops. Backends never run in the
+An engine is a server process the tuner starts, load-tests and stops. Engines never run in the
 tuner's interpreter: they are subprocesses with their own environment, started from an argv
 list in their own process group, bound to 127.0.0.1 on a port the tuner picked.
+
+The adapter owns everything engine-specific (flags, defaults, metric names, log patterns,
+memory model, pruning rules, deploy files, how its interpreters are installed); the rest of
+the tuner holds an adapter from :mod:`autotuner.engines.registry` and talks only to the
+Protocols below. An engine kind is added by a subpackage of :mod:`autotuner.engines` whose
+import registers its adapter, plus its ``search_spaces/<space_name>.yaml``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from autotuner.core.errors import EngineStartFailed
+from autotuner.core.types import Device, Params, ParamValue
+
+if TYPE_CHECKING:
+    import psutil
+
+    from autotuner.core.hardware import HardwareProfile
+    from autotuner.search.memory import MemoryEstimate
 
 
 class LaunchCause(StrEnum):
@@ -54,17 +69,48 @@ class Endpoint:
     startup_s: float
 
 
-class EngineBackend(Protocol):
-    """Lifecycle: ``launch`` once, then ``stop`` (always, in ``finally``)."""
+# --------------------------------------------------------------------------- one launch
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What one launch needs besides the engine itself; the adapter makes argv and env of it.
+
+    ``params`` are engine options in snake_case, ``extra_args`` literal command-line words
+    (the SLA's ``engine.args``), ``env`` variables added to the child's environment.
+    ``cuda_devices`` None: no GPU is visible to the engine (a CPU run).
+    """
+
+    python: Path
+    model: Path
+    served_name: str
+    params: Params
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cuda_devices: tuple[str, ...] | None = None
+    startup_timeout_s: float = 900.0
+
+
+class EngineProcess(Protocol):
+    """One engine server for one config. Lifecycle: ``launch`` once, then ``stop`` (always,
+    in ``finally``); ``kill_now`` is the synchronous stop for signal handlers."""
 
     kind: str
+    log_path: Path
+    cuda_devices: list[str] | None
 
     def argv(self) -> list[str]:
         """The exact command line that ``launch`` runs (for manifests and deploy files)."""
         ...
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id once launched."""
+        ...
+
     async def launch(self) -> Endpoint:
-        """Start the engine and return once it answers ``/health``.
+        """Start the engine and return once it answers its health check.
 
         Raises :class:`EngineLaunchError` when it exits early or misses its deadline; the
         process group is already reaped then.
@@ -73,4 +119,209 @@ class EngineBackend(Protocol):
 
     async def stop(self) -> None:
         """Reap the whole process group (SIGTERM, then SIGKILL). Safe to call twice."""
+        ...
+
+    def kill_now(self) -> None:
+        """:meth:`stop` without an event loop (signal handlers, ``atexit``)."""
+        ...
+
+    def processes(self) -> list[psutil.Process]:
+        """The engine's live process tree (the monitor samples its memory)."""
+        ...
+
+    def returncode(self) -> int | None:
+        """The exit status once the server exited, else None."""
+        ...
+
+
+# --------------------------------------------------------------------------- what it knows
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Where the monitor finds its readings in the engine's Prometheus ``/metrics``.
+
+    Keys are the tuner's reading names (``kv_cache_usage``, ``preemptions``, ``queue``, ...),
+    values the engine's sample names; a reading lists every name it has had across releases,
+    the first one present wins. ``phases`` are histogram base names (``_sum``/``_count``).
+    """
+
+    gauges: Mapping[str, tuple[str, ...]]
+    counters: Mapping[str, tuple[str, ...]]
+    phases: Mapping[str, str]
+
+    def names(self) -> frozenset[str]:
+        """Every sample name this engine may expose for the monitor."""
+        out = {n for names in (*self.gauges.values(), *self.counters.values()) for n in names}
+        return frozenset(out | set(self.phases.values()))
+
+
+@dataclass(frozen=True)
+class CrashTraits:
+    """What the crash memory needs to know of the engine's options and logs.
+
+    ``memory_params``: numeric options where a larger value needs more memory;
+    ``budget_params``: the subset that sizes the KV cache (raising them helps when the cache
+    was too small for one sequence); ``neutral_params``: options that do not change memory
+    use; ``kv_starved``: log text saying the KV cache could not hold one sequence.
+    """
+
+    memory_params: frozenset[str]
+    budget_params: frozenset[str]
+    neutral_params: frozenset[str]
+    kv_starved: re.Pattern[str]
+
+
+@dataclass(frozen=True)
+class EnvTraits:
+    """What :mod:`autotuner.engines.envs` needs to install, recognise and pick interpreters.
+
+    ``distributions``: pip distribution names that provide the engine, in probe order;
+    ``device_of(distribution, version)``: the device a distribution serves on;
+    ``verify_import``: the module a fresh install must import; ``uninstall_after``: packages
+    removed after installing (conflicts); ``python_var``: the environment variable that forces
+    the interpreter; ``example_spec``: a pinned spec for help texts.
+    """
+
+    distributions: tuple[str, ...]
+    device_of: Callable[[str, str], Device]
+    verify_import: str
+    example_spec: str
+    python_var: str
+    uninstall_after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MemoryClaim:
+    """Device memory a config takes up front, for the SLA's memory limit before launch."""
+
+    gib: float
+    how: str  # the arithmetic, for the reason a config is pruned
+
+
+class DeployRenderer(Protocol):
+    """Renders a promoted config as files to serve it with; every method is pure."""
+
+    def default_image(self, engine_version: str, *, cpu: bool = False) -> str:
+        """The official container image pinned to ``engine_version``."""
+        ...
+
+    def serve_command(
+        self,
+        params: Mapping[str, object],
+        *,
+        model: str,
+        served_name: str,
+        port: int = 8000,
+        host: str = "127.0.0.1",
+        python: str | None = None,
+    ) -> list[str]:
+        """The argv that serves ``model`` with ``params`` (``python``: through that
+        interpreter instead of the engine's console script)."""
+        ...
+
+    def serve_script(self, argv: Sequence[str], *, header: Sequence[str] = ()) -> str:
+        """A bash script that ``exec``s ``argv``; ``header`` lines become comments."""
+        ...
+
+    def docker_run(
+        self,
+        params: Mapping[str, object],
+        *,
+        model_dir: str,
+        served_name: str,
+        gpu_uuids: Sequence[str],
+        image: str,
+        port: int = 8000,
+        shm_size: str | None = "16g",
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """A locked-down ``docker run`` script (port published on 127.0.0.1 only)."""
+        ...
+
+    def k8s_deployment(
+        self,
+        params: Mapping[str, object],
+        *,
+        name: str,
+        served_name: str,
+        image: str,
+        gpus: int,
+        model_subpath: str,
+        model_pvc: str = "models",
+        env: Mapping[str, str] | None = None,
+        startup_timeout_s: int = 1200,
+    ) -> str:
+        """A Kubernetes Deployment and its ClusterIP Service as YAML."""
+        ...
+
+
+class EngineAdapter(Protocol):
+    """Everything the tuner knows about one engine kind.
+
+    ``kind`` is the SLA's ``engine.kind`` and the registry key; ``display_name`` is for
+    people; ``space_name`` names ``search_spaces/<space_name>*.yaml``; ``reserved_params``
+    maps the options the tuner sets itself (snake_case) to why; ``random_weights`` are the
+    options that load random weights (architecture-only models).
+    """
+
+    kind: str
+    display_name: str
+    space_name: str
+    reserved_params: Mapping[str, str]
+    random_weights: Mapping[str, ParamValue]
+    metrics: MetricNames
+    crash_traits: CrashTraits
+    env_traits: EnvTraits
+    deploy: DeployRenderer
+
+    def params_to_args(self, params: Params) -> list[str]:
+        """Engine options -> command-line words. Raises ValueError for a reserved option."""
+        ...
+
+    def check_extra_args(self, args: Sequence[str]) -> None:
+        """Raise ValueError when literal arguments would set a reserved flag."""
+        ...
+
+    def process(self, spec: LaunchSpec) -> EngineProcess:
+        """The (not yet started) server process for ``spec``; binds 127.0.0.1."""
+        ...
+
+    def classify_failure(self, log_tail: str) -> LaunchCause:
+        """Why a launch failed, from the last lines of the engine's log."""
+        ...
+
+    def defaults(self, hardware: HardwareProfile, params: Params | None = None) -> Params:
+        """The engine's own values, on ``hardware``, of options it decides per device
+        (given the other ``params``, e.g. a performance mode that scales them)."""
+        ...
+
+    def estimate_memory(
+        self,
+        model_cfg: Mapping[str, object],
+        params: Params,
+        hardware: HardwareProfile,
+        *,
+        max_model_len: int | None = None,
+        env: Mapping[str, str] | None = None,
+        check_free: bool = True,
+    ) -> MemoryEstimate:
+        """How the engine would size weights, overhead and KV cache of ``params``."""
+        ...
+
+    def check(
+        self,
+        params: Params,
+        *,
+        model_cfg: Mapping[str, object],
+        hardware: HardwareProfile,
+        max_model_len: int | None,
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """Reasons ``params`` must not be launched on ``hardware`` (empty: launch it)."""
+        ...
+
+    def memory_claim(self, params: Params, hardware: HardwareProfile) -> MemoryClaim | None:
+        """Device memory ``params`` takes up front; None when the engine claims none ahead
+        (a CPU run)."""
         ...

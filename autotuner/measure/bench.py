@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from autotuner import __version__
-from autotuner.engines import envs
-from autotuner.engines.vllm.launcher import ParamValue, VllmEngine
+from autotuner.core.types import ParamValue
+from autotuner.engines import envs, registry
+from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
 from autotuner.measure.monitor import Monitor
@@ -107,28 +108,47 @@ def resolve_model(sla: Sla, say: Say = _stderr) -> Path:
 def engine_params(
     sla: Sla, model_dir: Path, overrides: Mapping[str, ParamValue] | None = None
 ) -> dict[str, ParamValue]:
-    """SLA parameters + overrides; weightless (architecture-only) models load dummy weights."""
+    """SLA parameters + overrides; weightless (architecture-only) models load random weights
+    (the engine's options for that, e.g. a dummy load format)."""
     params: dict[str, ParamValue] = dict(sla.engine.params)
     params.update(overrides or {})
     if synth.needs_dummy_load(model_dir):
-        params.setdefault("load_format", "dummy")
+        for key, value in adapter_of(sla).random_weights.items():
+            params.setdefault(key, value)
     return params
 
 
+def adapter_of(sla: Sla) -> EngineAdapter:
+    """The adapter of the engine kind the SLA names."""
+    return registry.get(sla.engine.kind)
+
+
 def make_engine(
-    sla: Sla, python: Path, model_dir: Path, params: Mapping[str, ParamValue], log_path: Path
-) -> VllmEngine:
-    return VllmEngine(
+    sla: Sla,
+    python: Path,
+    model_dir: Path,
+    params: Mapping[str, ParamValue],
+    log_path: Path,
+    cuda_devices: list[str] | None = None,
+) -> EngineProcess:
+    """The engine process of ``params`` for the SLA's engine kind (not started).
+
+    ``cuda_devices`` None: the SLA's target devices (none on a CPU target).
+    """
+    if cuda_devices is None and sla.target.kind != "cpu":
+        cuda_devices = list(sla.target.devices)
+    spec = LaunchSpec(
         python=python,
         model=model_dir,
         served_name=sla.model.served_name or sla.model.synth or model_dir.name,
-        params=params,
-        extra_args=list(sla.engine.args),
-        env=dict(sla.engine.env),
-        cuda_devices=None if sla.target.kind == "cpu" else list(sla.target.devices),
+        params=dict(params),
         log_path=log_path,
+        extra_args=tuple(sla.engine.args),
+        env=dict(sla.engine.env),
+        cuda_devices=None if cuda_devices is None else tuple(cuda_devices),
         startup_timeout_s=sla.engine.startup_timeout_s,
     )
+    return adapter_of(sla).process(spec)
 
 
 @dataclass(frozen=True)
@@ -177,7 +197,7 @@ def _progress_printer(say: Say) -> Callable[[Progress], None]:
 
 async def measure(
     sla: Sla,
-    engine: VllmEngine,
+    engine: EngineProcess,
     model_dir: Path,
     *,
     arrival: Arrival | None = None,
@@ -198,7 +218,8 @@ async def measure(
             f", {plan.warmup_requests} warm-up"
         )
         gpus = None if sla.target.kind == "cpu" else list(sla.target.devices)
-        monitor = Monitor(endpoint.base_url, engine.processes, gpus)
+        metrics = adapter_of(sla).metrics
+        monitor = Monitor(endpoint.base_url, engine.processes, gpus, metrics=metrics)
         result = await run_load(
             endpoint.base_url,
             endpoint.model,
@@ -223,7 +244,7 @@ async def bench(
     say: Say = _stderr,
 ) -> BenchOutcome:
     model_dir = resolve_model(sla, say)
-    python, how = envs.resolve_python(sla.engine.name, sla.engine.python)
+    python, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
     dist, version = envs.probe_version(python)
     say(f"engine: {dist} {version} ({how})")
     params = engine_params(sla, model_dir, overrides)

@@ -3,13 +3,15 @@
 Memory is the engine's GPU memory from NVML on a GPU target (per process where the driver
 reports it, else the whole device), and the resident memory of its process tree on CPU.
 The engine's Prometheus ``/metrics`` is scraped before and after the run (counter deltas,
-mean queue / prefill / decode times) and sampled during it (peak KV-cache use, queue depth).
+mean queue / prefill / decode times) and sampled during it (peak KV-cache use, queue depth);
+which sample names mean what is the engine adapter's :class:`~autotuner.engines.base.MetricNames`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -19,29 +21,12 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.core.hardware import nvml_text
+from autotuner.engines import registry
+from autotuner.engines.base import MetricNames
+
+logger = logging.getLogger(__name__)
 
 Samples = dict[str, float]
-
-# vLLM renamed a few metrics across releases; the first name present wins.
-_GAUGES = {
-    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "running": ("vllm:num_requests_running",),
-    "waiting": ("vllm:num_requests_waiting",),
-}
-_COUNTERS = {
-    "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
-    "prompt_tokens": ("vllm:prompt_tokens_total",),
-    "generation_tokens": ("vllm:generation_tokens_total",),
-    # prompt tokens looked up in / found in the prefix cache
-    "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
-    "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
-}
-_PHASES = {
-    "queue": "vllm:request_queue_time_seconds",
-    "prefill": "vllm:request_prefill_time_seconds",
-    "decode": "vllm:request_decode_time_seconds",
-    "inference": "vllm:request_inference_time_seconds",
-}
 
 
 def parse_metrics(text: str) -> Samples:
@@ -60,10 +45,19 @@ def _first(samples: Samples, names: tuple[str, ...]) -> float | None:
     return None
 
 
-def engine_summary(before: Samples, after: Samples, peaks: dict[str, float]) -> dict[str, Any]:
-    """Counter deltas, mean phase times and peaks from two scrapes and the sampled gauges."""
+def engine_summary(
+    before: Samples,
+    after: Samples,
+    peaks: dict[str, float],
+    metrics: MetricNames | None = None,
+) -> dict[str, Any]:
+    """Counter deltas, mean phase times and peaks from two scrapes and the sampled gauges.
+
+    ``metrics``: the engine's metric names (None: the default engine kind's).
+    """
+    names_of = metrics or registry.default().metrics
     out: dict[str, Any] = {}
-    for key, names in _COUNTERS.items():
+    for key, names in names_of.counters.items():
         a, b = _first(after, names), _first(before, names)
         if a is not None:
             out[key] = a - (b or 0.0)
@@ -71,7 +65,7 @@ def engine_summary(before: Samples, after: Samples, peaks: dict[str, float]) -> 
         out["prefix_cache_hit_rate"] = (
             out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
         )
-    for phase, name in _PHASES.items():
+    for phase, name in names_of.phases.items():
         count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
         total = after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)
         if count > 0:
@@ -140,8 +134,11 @@ class Monitor:
         processes: Callable[[], list[psutil.Process]],
         gpu_devices: list[str] | None = None,
         interval_s: float = 0.5,
+        metrics: MetricNames | None = None,
     ) -> None:
+        """``metrics``: the engine's metric names (None: the default engine kind's)."""
         self.base_url = base_url.rstrip("/")
+        self.metrics = metrics or registry.default().metrics
         self.processes = processes
         self.gpu_devices = gpu_devices
         self.interval_s = interval_s
@@ -186,9 +183,11 @@ class Monitor:
         try:
             async with self._session.get(self.base_url + "/metrics") as resp:
                 if resp.status != 200:
+                    logger.debug("%s/metrics answered HTTP %d", self.base_url, resp.status)
                     return {}
                 return parse_metrics(await resp.text())
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            logger.debug("%s/metrics not scraped: %r", self.base_url, exc)
             return {}
 
     def _sample_memory(self) -> None:
@@ -210,7 +209,7 @@ class Monitor:
             ticks += 1
             if ticks % 4 == 0:  # gauges every ~2 s: cheap for the engine
                 samples = await self.scrape()
-                for key, names in _GAUGES.items():
+                for key, names in self.metrics.gauges.items():
                     value = _first(samples, names)
                     if value is not None:
                         self.peaks[key] = max(self.peaks.get(key, 0.0), value)
@@ -221,5 +220,5 @@ class Monitor:
             "memory_source": self.memory_source,
             # GPUs where NVML saw the engine's processes (empty when it hides their PIDs)
             "engine_gpus": dict(self._gpu.engine_peaks) if self._gpu else {},
-            "engine": engine_summary(self.before, self.after, self.peaks),
+            "engine": engine_summary(self.before, self.after, self.peaks, self.metrics),
         }

@@ -29,8 +29,8 @@ from typing import Any, Literal
 import numpy as np
 
 from autotuner.core.paths import atomic_write_text
+from autotuner.core.types import ParamValue
 from autotuner.engines import envs
-from autotuner.engines.vllm.launcher import ParamValue
 from autotuner.search.confirm import interleaved_order, spread
 
 Verdict = Literal["regression", "improvement", "no_change", "not_enough_data"]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.core.types import ParamValue
 from autotuner.search.trial import TrialResult
 
 RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]

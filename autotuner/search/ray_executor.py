@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotuner.core.paths import atomic_write_text
-from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.core.types import ParamValue
 from autotuner.search.executors import gpus_needed
 from autotuner.search.trial import SearchSettings, TrialResult
 from autotuner.sla.spec import Sla

@@ -1,200 +1,35 @@
-"""Pruning rules: reasons a candidate config must not be launched, and a memory of crashes.
+"""Pruning before launch: an engine's own rules, and a memory of the launches that crashed.
 
 ``check(params, model_cfg=, hardware=, max_model_len=)`` returns human-readable reasons (empty:
 launch it). ``params`` are the engine options the launch would get (snake_case; missing options
-take vLLM's defaults). The rules, each a small function in :data:`RULES`:
-
-* batching: without chunked prefill ``max_num_batched_tokens >= max_model_len``;
-  ``max_num_seqs <= max_num_batched_tokens``; ``max_num_active_seqs <= max_num_seqs``;
-  ``long_prefill_token_threshold`` needs chunked prefill;
-* precision: FP8 weights or KV cache need compute capability >= 8.9, bf16 needs >= 8.0; on
-  the CPU engine FP8 KV cache needs AVX-512 or AMX and a head_dim divisible by 32, and FP8
-  weight quantization is not available;
-* parallelism: ``tensor_parallel_size`` <= the target's GPUs, dividing the attention heads
-  (and the KV heads, or divisible by them);
-* CPU engine: options it ignores (async scheduling, CUDA-graph sizes, interactivity mode) are
-  rejected, so that no launch repeats another one;
-* memory: :func:`autotuner.search.memory.estimate` says the config does not fit.
+take the engine's defaults). The rules themselves are the engine adapter's
+(:meth:`~autotuner.engines.base.EngineAdapter.check`): what an option means, and which
+combinations an engine refuses, is engine knowledge.
 
 :class:`CrashMemory` remembers configs that crashed at launch; ``near_crash(params)`` names the
 crash a new candidate is at least as memory-hungry as (see its docstring), so a config that
-ran out of memory is not tried again in its neighbourhood.
+ran out of memory is not tried again in its neighbourhood. Which options size memory comes from
+the adapter's :class:`~autotuner.engines.base.CrashTraits`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotuner.core.hardware import HardwareProfile
-from autotuner.engines.base import LaunchCause
-from autotuner.search.memory import (
-    ModelShape,
-    engine_batch_defaults,
-    estimate,
-    model_max_len,
-    parse_token_count,
-)
+from autotuner.engines import registry
+from autotuner.engines.base import CrashTraits, EngineAdapter, LaunchCause
+from autotuner.search.memory import parse_token_count
 
 __all__ = [
-    "MEMORY_PARAMS",
-    "RULES",
     "Crash",
     "CrashMemory",
     "check",
 ]
 
 Params = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class _Ctx:
-    cfg: Mapping[str, Any]
-    hardware: HardwareProfile
-    max_model_len: int
-    env: Mapping[str, str]
-
-
-def _is_fp8(value: Any) -> bool:
-    return isinstance(value, str) and value.lower().startswith("fp8")
-
-
-def _cc_text(cc: tuple[int, int]) -> str:
-    return f"{cc[0]}.{cc[1]}"
-
-
-# --------------------------------------------------------------------------- rules
-
-
-def _chunked_prefill(p: Params, ctx: _Ctx) -> list[str]:
-    out = []
-    if p.get("enable_chunked_prefill") is False:
-        tokens = parse_token_count(p.get("max_num_batched_tokens"))
-        if tokens is not None and tokens < ctx.max_model_len:
-            out.append(
-                f"without chunked prefill, max_num_batched_tokens ({tokens}) must be >= "
-                f"max_model_len ({ctx.max_model_len}): a whole prompt is prefilled in one step"
-            )
-        threshold = parse_token_count(p.get("long_prefill_token_threshold"))
-        if threshold:
-            out.append(
-                "long_prefill_token_threshold only acts with chunked prefill "
-                "(enable_chunked_prefill is false)"
-            )
-    return out
-
-
-def _batch_sizes(p: Params, ctx: _Ctx) -> list[str]:
-    out = []
-    tokens = parse_token_count(p.get("max_num_batched_tokens"))
-    seqs = parse_token_count(p.get("max_num_seqs"))
-    if tokens is not None or seqs is not None:
-        tp = parse_token_count(p.get("tensor_parallel_size")) or 1
-        d_tokens, d_seqs = engine_batch_defaults(
-            ctx.hardware, tensor_parallel_size=tp, performance_mode=p.get("performance_mode")
-        )
-        if tokens is None:  # vLLM's default, raised to max_model_len without chunking
-            tokens = d_tokens
-            if p.get("enable_chunked_prefill") is False:
-                tokens = max(tokens, ctx.max_model_len)
-        if seqs is None:  # vLLM lowers its default to fit the token budget
-            seqs = min(d_seqs, tokens)
-        if seqs > tokens:
-            out.append(
-                f"max_num_seqs ({seqs}) must be <= max_num_batched_tokens ({tokens}): "
-                "every running sequence needs a token slot in a step"
-            )
-    active = parse_token_count(p.get("max_num_active_seqs"))
-    if active is not None and seqs is not None and active > seqs:
-        out.append(f"max_num_active_seqs ({active}) must be <= max_num_seqs ({seqs})")
-    return out
-
-
-def _precision(p: Params, ctx: _Ctx) -> list[str]:
-    out = []
-    hw = ctx.hardware
-    kv_fp8 = _is_fp8(p.get("kv_cache_dtype"))
-    w_fp8 = _is_fp8(p.get("quantization"))
-    if hw.device == "gpu":
-        cc = hw.compute_capability
-        if cc is not None and cc < (8, 9):
-            if kv_fp8:
-                out.append(f"an FP8 KV cache needs compute capability >= 8.9 (have {_cc_text(cc)})")
-            if w_fp8:
-                out.append(f"FP8 weights need compute capability >= 8.9 (have {_cc_text(cc)})")
-        # dtype auto falls back to float16 on such GPUs (vLLM >= 0.11); only an explicit
-        # bfloat16 fails.
-        if cc is not None and cc < (8, 0) and str(p.get("dtype")).lower() == "bfloat16":
-            out.append(
-                f"bfloat16 needs compute capability >= 8.0 (have {_cc_text(cc)}); "
-                "use dtype auto or half"
-            )
-        return out
-    if kv_fp8:
-        flags = hw.cpu.flags
-        if flags and not flags & {"avx512f", "amx_tile"}:
-            out.append("an FP8 KV cache on the CPU engine needs x86 with AVX-512 or AMX")
-        head_dim = ModelShape.of(ctx.cfg).head_dim
-        if head_dim % 32:
-            out.append(
-                f"an FP8 KV cache on the CPU engine needs head_dim divisible by 32 "
-                f"(have {head_dim})"
-            )
-    if w_fp8:
-        out.append("FP8 weight quantization is not available on the CPU engine (CUDA kernels)")
-    return out
-
-
-def _parallel(p: Params, ctx: _Ctx) -> list[str]:
-    tp = parse_token_count(p.get("tensor_parallel_size")) or 1
-    if tp <= 1:
-        return []
-    out = []
-    hw = ctx.hardware
-    if hw.device == "gpu" and tp > hw.gpu_count:
-        out.append(f"tensor_parallel_size {tp} > the target's {hw.gpu_count} GPU(s)")
-    shape = ModelShape.of(ctx.cfg)
-    if shape.heads % tp:
-        out.append(f"tensor_parallel_size {tp} does not divide num_attention_heads ({shape.heads})")
-    kv = shape.kv_heads
-    if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
-        out.append(
-            f"tensor_parallel_size {tp} and num_key_value_heads ({kv}) must divide one another"
-        )
-    return out
-
-
-def _cpu_engine(p: Params, ctx: _Ctx) -> list[str]:
-    if ctx.hardware.device != "cpu":
-        return []
-    out = []
-    if p.get("async_scheduling") is True:
-        out.append("async_scheduling: the CPU engine forces it off (same as false)")
-    for name in ("max_cudagraph_capture_size", "cudagraph_capture_sizes"):
-        if p.get(name) is not None:
-            out.append(f"{name}: the CPU engine has no CUDA graphs")
-    if p.get("performance_mode") == "interactivity":
-        out.append(
-            "performance_mode interactivity only changes CUDA graphs: same as balanced on CPU"
-        )
-    return out
-
-
-def _memory(p: Params, ctx: _Ctx) -> list[str]:
-    est = estimate(ctx.cfg, p, ctx.hardware, max_model_len=ctx.max_model_len, env=ctx.env)
-    return [] if est.fits else [f"memory: {est.reason}"]
-
-
-RULES: list[Callable[[Params, _Ctx], list[str]]] = [
-    _chunked_prefill,
-    _batch_sizes,
-    _precision,
-    _parallel,
-    _cpu_engine,
-    _memory,
-]
 
 
 def check(
@@ -204,54 +39,21 @@ def check(
     hardware: HardwareProfile,
     max_model_len: int | None,
     env: Mapping[str, str] | None = None,
+    engine: EngineAdapter | None = None,
 ) -> list[str]:
     """Reasons ``params`` must not be launched on ``hardware`` (empty: fine).
 
-    ``max_model_len`` None: ``params["max_model_len"]``, else the model config's.
-    ``env`` is the engine's environment (the CPU engine reads ``VLLM_CPU_KVCACHE_SPACE``).
+    ``max_model_len`` None: ``params["max_model_len"]``, else the model config's. ``env`` is
+    the engine's environment. ``engine``: the adapter whose rules apply (None: the default
+    engine kind's).
     """
-    mml = max_model_len or parse_token_count(params.get("max_model_len"))
-    ctx = _Ctx(model_cfg, hardware, mml or model_max_len(model_cfg), env or {})
-    reasons: list[str] = []
-    for rule in RULES:
-        reasons += rule(params, ctx)
-    return reasons
+    adapter = engine or registry.default()
+    return adapter.check(
+        params, model_cfg=model_cfg, hardware=hardware, max_model_len=max_model_len, env=env
+    )
 
 
 # --------------------------------------------------------------------------- crash memory
-
-MEMORY_PARAMS: frozenset[str] = frozenset(
-    {
-        "gpu_memory_utilization",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "max_model_len",
-        "max_cudagraph_capture_size",
-        "kv_cache_memory_bytes",
-    }
-)
-"""Numeric options where a larger value needs more memory (at start-up or under load)."""
-
-_KV_BUDGET_PARAMS = frozenset({"gpu_memory_utilization", "kv_cache_memory_bytes"})
-
-# Options that do not change memory use; a crash says nothing about them.
-_NEUTRAL_PARAMS = frozenset(
-    {
-        "stream_interval",
-        "scheduling_policy",
-        "long_prefill_token_threshold",
-        "long_prefill_token_threshold_adaptive",
-        "watermark",
-        "disable_log_requests",
-    }
-)
-
-# "not enough KV cache for one sequence": more memory for the cache would have helped.
-_KV_STARVED = re.compile(
-    r"larger than the available KV cache|No available memory for the cache blocks"
-    r"|KV cache is needed|not enough KV cache|max_model_len .* KV cache",
-    re.I,
-)
 
 
 @dataclass(frozen=True)
@@ -262,6 +64,7 @@ class Crash:
     cause: str
     detail: str = ""
     label: str = ""  # e.g. "trial 12"
+    traits: CrashTraits | None = None  # None: the default engine kind's
 
     @property
     def out_of_memory(self) -> bool:
@@ -269,7 +72,8 @@ class Crash:
 
     @property
     def kv_starved(self) -> bool:
-        return bool(_KV_STARVED.search(self.detail))
+        traits = self.traits or registry.default().crash_traits
+        return bool(traits.kv_starved.search(self.detail))
 
 
 @dataclass
@@ -277,21 +81,23 @@ class CrashMemory:
     """Configs that crashed at launch, and which new candidates look just as doomed.
 
     A candidate is *near* an out-of-memory crash when every option that is neither a memory
-    knob (:data:`MEMORY_PARAMS`) nor memory-neutral has the same value (missing options take
+    knob (``traits.memory_params``) nor memory-neutral has the same value (missing options take
     ``defaults``, else stay unknown and must be missing on both sides), and every memory knob
     is at least the crashed value. Exception: when the crash was the KV cache being too small
     for one sequence, raising ``gpu_memory_utilization`` / ``kv_cache_memory_bytes`` is what
-    would help, so for those two the candidate is near only at or *below* the crashed value.
-    Crashes of other causes are remembered but never block anything.
+    would help, so for those two (``traits.budget_params``) the candidate is near only at or
+    *below* the crashed value. Crashes of other causes are remembered but never block anything.
+    ``traits`` are the engine's (default: the default engine kind's).
     """
 
     defaults: Mapping[str, Any] = field(default_factory=dict)
     crashes: list[Crash] = field(default_factory=list)
+    traits: CrashTraits = field(default_factory=lambda: registry.default().crash_traits)
 
     def record(
         self, params: Mapping[str, Any], cause: LaunchCause | str, detail: str = "", label: str = ""
     ) -> Crash:
-        crash = Crash(dict(params), str(getattr(cause, "value", cause)), detail, label)
+        crash = Crash(dict(params), str(getattr(cause, "value", cause)), detail, label, self.traits)
         self.crashes.append(crash)
         return crash
 
@@ -302,9 +108,9 @@ class CrashMemory:
         """The memory knobs that are >= the crash's, or None when not in its neighbourhood."""
         names = set(crash.params) | set(params)
         shown: list[str] = []
-        for name in sorted(names - _NEUTRAL_PARAMS):
+        for name in sorted(names - self.traits.neutral_params):
             mine, theirs = self._value(params, name), self._value(crash.params, name)
-            if name not in MEMORY_PARAMS:
+            if name not in self.traits.memory_params:
                 if type(mine) is not type(theirs) or mine != theirs:
                     return None
                 continue
@@ -313,7 +119,7 @@ class CrashMemory:
                 if mine is None and theirs is None:
                     continue
                 return None
-            lower_is_worse = crash.kv_starved and name in _KV_BUDGET_PARAMS
+            lower_is_worse = crash.kv_starved and name in self.traits.budget_params
             if (a > b) if lower_is_worse else (a < b):
                 return None
             shown.append(f"{name} {mine} {'<=' if lower_is_worse else '>='} {theirs}")

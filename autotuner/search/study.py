@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.core.errors import BadInput
-from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.core.types import ParamValue
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
 from autotuner.search.space import ParamValue as GridValue
 from autotuner.search.trial import TrialResult

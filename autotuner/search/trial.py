@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotuner.core.paths import atomic_write_text
-from autotuner.engines.base import EngineLaunchError
-from autotuner.engines.vllm.launcher import ParamValue
-from autotuner.measure.bench import arrival_of, build_plan, make_engine
+from autotuner.core.types import ParamValue
+from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess
+from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
@@ -151,8 +151,8 @@ def _arrival(base: Arrival, load: float) -> Arrival:
 
 async def _measure_levels(
     sla: Sla,
-    engine: Any,
-    endpoint: Any,
+    engine: EngineProcess,
+    endpoint: Endpoint,
     model_dir: Path,
     run_dir: Path,
     settings: SearchSettings,
@@ -173,7 +173,8 @@ async def _measure_levels(
     for i in range(settings.max_levels):
         assert load is not None
         plan = build_plan(sla, model_dir, _arrival(base, load), level=i)
-        monitor = Monitor(endpoint.base_url, engine.processes, gpus)
+        metrics = adapter_of(sla).metrics
+        monitor = Monitor(endpoint.base_url, engine.processes, gpus, metrics=metrics)
         result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
         result = LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, monitor.summary()
@@ -230,9 +231,7 @@ def run_trial(
     """
     settings = settings or SearchSettings()
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(sla, python, model_dir, params, run_dir / "engine.log")
-    if cuda_devices is not None:
-        engine.cuda_devices = list(cuda_devices)
+    engine = make_engine(sla, python, model_dir, params, run_dir / "engine.log", cuda_devices)
     load_kind: Literal["rate", "concurrency"] = (
         "rate" if arrival_of(sla).open_loop else "concurrency"
     )

@@ -23,8 +23,9 @@ from optuna.trial import TrialState
 from autotuner.bundle.promote import Context, promote
 from autotuner.core import hardware
 from autotuner.core.paths import atomic_write_text
-from autotuner.engines import envs
-from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.core.types import ParamValue
+from autotuner.engines import envs, registry
+from autotuner.engines.base import EngineAdapter
 from autotuner.measure.bench import resolve_model
 from autotuner.search import rules
 from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
@@ -43,11 +44,6 @@ from autotuner.search.study import (
 )
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
 from autotuner.sla.spec import Sla, to_yaml
-
-VLLM_DEFAULT_GMU = 0.92  # vLLM's default gpu_memory_utilization
-# What NVML shows beyond vLLM's pool (CUDA context, graphs): on an H200 with vLLM 0.26 at 0.92
-# of 140.4 GiB the engine peaked at 132.1 GiB, 2.9 GiB above the pool.
-OUTSIDE_POOL_GIB = 3.0
 
 
 def _say(msg: str) -> None:
@@ -71,10 +67,12 @@ def _identity(
     }
 
 
-def _crash_memory(study: optuna.Study, space: SearchSpace) -> rules.CrashMemory:
+def _crash_memory(
+    study: optuna.Study, space: SearchSpace, engine: EngineAdapter
+) -> rules.CrashMemory:
     """Rebuild what earlier launches taught: configs that crashed, with their cause."""
     defaults = {k: v for k, v in space.defaults.items() if v is not None}
-    memory = rules.CrashMemory(defaults={**defaults, **space.fixed})
+    memory = rules.CrashMemory(defaults={**defaults, **space.fixed}, traits=engine.crash_traits)
     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
         cause = t.user_attrs.get("cause")
         if cause:
@@ -106,23 +104,22 @@ def grid_space(
 
 
 def memory_limit_reason(
-    params: Mapping[str, ParamValue], hw: hardware.HardwareProfile, limit_gib: float | None
+    params: Mapping[str, ParamValue],
+    hw: hardware.HardwareProfile,
+    limit_gib: float | None,
+    engine: EngineAdapter | None = None,
 ) -> str | None:
-    """The SLA's memory limit as a hard constraint before launch: a GPU engine takes
-    ``gpu_memory_utilization`` of each of its GPUs up front, so that fraction decides."""
-    if limit_gib is None or hw.device != "gpu":
+    """The SLA's memory limit as a hard constraint before launch: a GPU engine claims its
+    memory pool up front (the adapter's ``memory_claim``), so that claim decides.
+    ``engine`` None: the default engine kind's adapter."""
+    if limit_gib is None:
         return None
-    gmu = params.get("gpu_memory_utilization")
-    fraction = float(gmu) if isinstance(gmu, int | float) else VLLM_DEFAULT_GMU
-    ranks = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        value = params.get(key)
-        ranks *= int(value) if isinstance(value, int) else 1
-    need = (fraction * hw.device_memory_total / 2**30 + OUTSIDE_POOL_GIB) * ranks
-    if need > limit_gib:
+    claim = (engine or registry.default()).memory_claim(params, hw)
+    if claim is None:
+        return None
+    if claim.gib > limit_gib:
         return (
-            f"would take {need:.1f} GiB (gpu_memory_utilization {fraction:g} of "
-            f"{hw.device_memory_total / 2**30:.1f} GiB + {OUTSIDE_POOL_GIB:g} GiB, x {ranks} GPU) "
+            f"would take {claim.gib:.1f} GiB ({claim.how}) "
             f"> the SLA's max_gpu_memory_gib {limit_gib:g}"
         )
     return None
@@ -143,14 +140,15 @@ def tune(
     re-tune of a finished study).
     """
     model_dir = resolve_model(sla, _say)
-    python, how = envs.resolve_python(sla.engine.name, sla.engine.python)
+    engine_adapter = registry.get(sla.engine.kind)
+    python, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
     dist, version = envs.probe_version(python)
     engine = f"{dist} {version}"
     hw = hardware.probe(sla.target)
 
     def load(overrides: Mapping[str, ParamOverride]) -> SearchSpace:
         return load_space_for(
-            "vllm",
+            engine_adapter.space_name,
             version,
             hw,
             allow_lossy=sla.search.allow_lossy,
@@ -189,7 +187,7 @@ def tune(
         done = sum(counted(t) for t in study.get_trials(deepcopy=False))
         budget = Budget(done + extra_trials, budget.time_s)
         _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
-    memory = _crash_memory(study, space)
+    memory = _crash_memory(study, space, engine_adapter)
     model_cfg = json.loads((model_dir / "config.json").read_text())
     cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
     settings = SearchSettings(max_levels=sla.tune.max_levels, step=sla.tune.rate_step)
@@ -198,9 +196,14 @@ def tune(
 
     def prune(params: dict[str, ParamValue]) -> str | None:
         reasons = rules.check(
-            params, model_cfg=model_cfg, hardware=hw, max_model_len=None, env=sla.engine.env
+            params,
+            model_cfg=model_cfg,
+            hardware=hw,
+            max_model_len=None,
+            env=sla.engine.env,
+            engine=engine_adapter,
         )
-        over = memory_limit_reason(params, hw, mem_limit)
+        over = memory_limit_reason(params, hw, mem_limit, engine_adapter)
         if over:
             reasons.append(over)
         return "; ".join(reasons) if reasons else memory.near_crash(params)

@@ -41,6 +41,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from autotuner.core.errors import BadInput
+from autotuner.engines import registry
 from autotuner.search.space import SearchSpec
 from autotuner.sla.yamlpos import KeyPath, Located, load_located
 
@@ -261,13 +262,21 @@ def _env_value(value: Any) -> str:
     raise _fail(f"must be a string, got {_show(value)}")
 
 
-# Options the tuner sets itself: it owns the model, the bind address and the port.
-_RESERVED_PARAMS = {
-    "model": "set by the autotuner from the 'model' section",
-    "host": "set by the autotuner (engines bind to 127.0.0.1)",
-    "port": "set by the autotuner (it picks a free port)",
-    "served_model_name": "use model.served_name instead",
-}
+def _reserved_params() -> dict[str, str]:
+    """Options the tuner sets itself (model, bind address, port), by any engine's adapter."""
+    out: dict[str, str] = {}
+    for adapter in registry.adapters():
+        out.update(adapter.reserved_params)
+    return out
+
+
+def _engine_kind(value: Any) -> str:
+    kinds = registry.kinds()
+    if isinstance(value, str) and value in kinds:
+        return value
+    if len(kinds) == 1:
+        raise _fail(f"must be {kinds[0]!r}, got {_show(value)}")
+    raise _fail(f"must be one of {', '.join(kinds)}, got {_show(value)}")
 
 
 def _param_key(value: Any) -> str:
@@ -278,8 +287,9 @@ def _param_key(value: Any) -> str:
             if _PARAM_RE.match(fixed):
                 hint = f" (did you mean {fixed!r}?)"
         raise _fail(f"option names are snake_case like max_num_seqs, got {_show(value)}{hint}")
-    if value in _RESERVED_PARAMS:
-        raise _fail(f"cannot be set here: {_RESERVED_PARAMS[value]}")
+    reserved = _reserved_params()
+    if value in reserved:
+        raise _fail(f"cannot be set here: {reserved[value]}")
     return value
 
 
@@ -290,6 +300,7 @@ def _param_value(value: Any) -> bool | int | float | str:
 
 
 CliWord = Annotated[str, PlainValidator(_cli_word)]
+EngineKind = Annotated[str, PlainValidator(_engine_kind)]
 EnvKey = Annotated[str, PlainValidator(_env_key)]
 EnvValue = Annotated[str, PlainValidator(_env_value)]
 ParamKey = Annotated[str, PlainValidator(_param_key)]
@@ -304,7 +315,7 @@ class EngineSpec(_Strict):
     ``python`` an explicit interpreter; with neither, the default environment is used.
     """
 
-    kind: Literal["vllm"] = "vllm"
+    kind: EngineKind = Field(default_factory=registry.default_kind)
     name: str | None = None
     python: str | None = None
     args: list[CliWord] = Field(default_factory=list)

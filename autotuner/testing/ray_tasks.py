@@ -11,7 +11,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.core.types import ParamValue
 from autotuner.search.trial import Level, SearchSettings, TrialResult
 from autotuner.sla.spec import Sla
 

@@ -62,10 +62,23 @@ from prometheus_client import (
     generate_latest,
 )
 
+from autotuner.engines.vllm.metrics import METRICS
+
 __all__ = ["StandinConfig", "StandinServer", "StandinStats", "main"]
 
 _HOST = "127.0.0.1"
 _DEFAULT_MAX_TOKENS = 16
+
+
+def _gauge_name(reading: str) -> str:
+    """The current name of a gauge the monitor reads (the first of its names)."""
+    return METRICS.gauges[reading][0]
+
+
+def _counter_name(reading: str) -> str:
+    """A counter's current name without ``_total``: prometheus_client appends it."""
+    return METRICS.counters[reading][0].removesuffix("_total")
+
 
 # Bucket edges copied in spirit from vLLM's V1 Prometheus logger so histogram_quantile over
 # the stand-in behaves like over the real thing.
@@ -302,16 +315,17 @@ class StandinServer:
         reg = self.registry
 
         # Gauges read live state at scrape time rather than being pushed on every change.
+        # The names the monitor reads come from the adapter, so the two cannot drift apart.
         running = Gauge(
-            "vllm:num_requests_running", "Requests in model execution batches.", names, registry=reg
+            _gauge_name("running"), "Requests in model execution batches.", names, registry=reg
         )
         running.labels(**labels).set_function(lambda: float(self.stats.running))
         waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting to be processed.", names, registry=reg
+            _gauge_name("waiting"), "Requests waiting to be processed.", names, registry=reg
         )
         waiting.labels(**labels).set_function(lambda: float(self.stats.waiting))
         kv = Gauge(
-            "vllm:kv_cache_usage_perc",
+            _gauge_name("kv_cache_usage"),
             "KV-cache usage. 1 means 100 percent usage.",
             names,
             registry=reg,
@@ -322,13 +336,16 @@ class StandinServer:
 
         # prometheus_client appends _total to counters, as vLLM's own exposition does.
         self._m_preemptions = Counter(
-            "vllm:num_preemptions", "Cumulative number of preemptions.", names, registry=reg
+            _counter_name("preemptions"), "Cumulative number of preemptions.", names, registry=reg
         ).labels(**labels)
         self._m_prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=reg
+            _counter_name("prompt_tokens"),
+            "Number of prefill tokens processed.",
+            names,
+            registry=reg,
         ).labels(**labels)
         self._m_generation_tokens = Counter(
-            "vllm:generation_tokens",
+            _counter_name("generation_tokens"),
             "Number of generation tokens processed.",
             names,
             registry=reg,
@@ -360,17 +377,17 @@ class StandinServer:
             _REQUEST_LATENCY_BUCKETS,
         ).labels(**labels)
         self._m_queue = hist(
-            "vllm:request_queue_time_seconds",
+            METRICS.phases["queue"],
             "Histogram of time spent in WAITING phase for request.",
             _REQUEST_LATENCY_BUCKETS,
         ).labels(**labels)
         self._m_prefill = hist(
-            "vllm:request_prefill_time_seconds",
+            METRICS.phases["prefill"],
             "Histogram of time spent in PREFILL phase for request.",
             _REQUEST_LATENCY_BUCKETS,
         ).labels(**labels)
         self._m_decode = hist(
-            "vllm:request_decode_time_seconds",
+            METRICS.phases["decode"],
             "Histogram of time spent in DECODE phase for request.",
             _REQUEST_LATENCY_BUCKETS,
         ).labels(**labels)

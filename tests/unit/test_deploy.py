@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autotuner.bundle.deploy import (
+from autotuner.engines.vllm.deploy import (
     default_image,
     docker_argv,
     docker_run,

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 from autotuner.engines.base import LaunchCause
-from autotuner.engines.vllm.launcher import VllmEngine, classify_failure, params_to_args, tail
+from autotuner.engines.process import tail
+from autotuner.engines.vllm.flags import params_to_args
+from autotuner.engines.vllm.launcher import VllmEngine
+from autotuner.engines.vllm.logs import classify_failure
 
 
 def engine(**kw: object) -> VllmEngine:

@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotuner.engines.vllm.launcher import ParamValue
+from autotuner.core.types import ParamValue
 from autotuner.search.executors import LocalExecutor, gpus_needed
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import TrialResult

@@ -7,13 +7,12 @@ from typing import Any
 import pytest
 
 from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
+from autotuner.engines.vllm.defaults import engine_batch_defaults
+from autotuner.engines.vllm.memory import CUDA_GRAPH_BYTES, estimate
 from autotuner.models import synth
 from autotuner.search.memory import (
-    CUDA_GRAPH_BYTES,
     GIB,
     ModelShape,
-    engine_batch_defaults,
-    estimate,
     kv_bytes_per_token,
     parse_token_count,
     weights_bytes,

@@ -1,0 +1,181 @@
+"""The engine-neutral half of an engine process: start, wait for health, reap.
+
+:class:`ServerProcess` implements :class:`~autotuner.engines.base.EngineProcess` for any
+HTTP server started from an argv list: its own session (process group), a guard process
+that reaps the group if the tuner dies, a parent-death signal, the log captured to a file,
+``GET /health`` polled until 200. A subclass supplies :meth:`ServerProcess.argv`,
+:meth:`ServerProcess.child_env` and :meth:`ServerProcess.classify_failure`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from autotuner.core import procs
+from autotuner.engines.base import Endpoint, EngineLaunchError, LaunchCause
+
+HEALTH_POLL_S = 0.5
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a text file (empty when it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+class ServerProcess:
+    """One server process on a free loopback port; see the module docstring."""
+
+    kind = ""
+    health_path = "/health"
+
+    def __init__(
+        self,
+        *,
+        served_name: str,
+        cuda_devices: list[str] | None,
+        log_path: Path,
+        startup_timeout_s: float,
+    ) -> None:
+        self.served_name = served_name
+        self.cuda_devices = cuda_devices
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.port = free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tree: list[psutil.Process] = []
+        self._guard: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        """The command line; must bind 127.0.0.1 on :attr:`port`."""
+        raise NotImplementedError
+
+    def child_env(self) -> dict[str, str]:
+        """The server's whole environment."""
+        raise NotImplementedError
+
+    def classify_failure(self, log_tail: str) -> LaunchCause:
+        """Why the server exited during start-up, from its log."""
+        return LaunchCause.OTHER
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def launch(self) -> Endpoint:
+        if self._proc is not None:
+            raise RuntimeError("engine already launched")
+        argv = self.argv()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with self.log_path.open("ab") as log:
+            log.write(f"# autotuner launch: {json.dumps(argv)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.child_env(),
+                start_new_session=True,
+                preexec_fn=procs.set_parent_death_signal,
+            )
+        self._guard = procs.start_guard(self._proc.pid)
+        base_url = f"http://127.0.0.1:{self.port}"
+        try:
+            await self._wait_healthy(base_url, started)
+        except BaseException:
+            await self.stop()
+            raise
+        return Endpoint(
+            base_url=base_url,
+            model=self.served_name,
+            pid=self._proc.pid,
+            argv=tuple(argv),
+            log_path=self.log_path,
+            startup_s=time.monotonic() - started,
+        )
+
+    async def _wait_healthy(self, base_url: str, started: float) -> None:
+        assert self._proc is not None
+        deadline = started + self.startup_timeout_s
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                self._remember_tree()
+                code = self._proc.poll()
+                if code is not None:
+                    log_tail = tail(self.log_path)
+                    cause = self.classify_failure(log_tail)
+                    raise EngineLaunchError(
+                        cause, f"exited with status {code} during start-up", log_tail, code
+                    )
+                if time.monotonic() > deadline:
+                    raise EngineLaunchError(
+                        LaunchCause.TIMEOUT,
+                        f"not healthy after {self.startup_timeout_s:.0f} s",
+                        tail(self.log_path),
+                        None,
+                    )
+                try:
+                    async with session.get(base_url + self.health_path) as resp:
+                        if resp.status == 200:
+                            return
+                except (TimeoutError, aiohttp.ClientError):
+                    pass
+                await asyncio.sleep(HEALTH_POLL_S)
+
+    def _remember_tree(self) -> None:
+        """Track descendants while alive, so children that leave the group are reaped too."""
+        if self._proc is not None:
+            known = {p.pid for p in self._tree}
+            self._tree += [p for p in procs.tree(self._proc.pid) if p.pid not in known]
+
+    def processes(self) -> list[psutil.Process]:
+        """The engine's live process tree (for memory sampling)."""
+        if self._proc is None:
+            return []
+        self._remember_tree()
+        return procs.tree(self._proc.pid)
+
+    def kill_now(self) -> None:
+        """Synchronous reap, for signal handlers and ``atexit``."""
+        if self._proc is None:
+            return
+        self._remember_tree()
+        procs.kill_group(self._proc.pid, self._tree)
+        self._proc.wait(timeout=10)
+        if self._guard is not None:
+            self._guard.terminate()
+            self._guard.wait(timeout=10)
+
+    async def stop(self) -> None:
+        if self._proc is None:
+            return
+        await asyncio.to_thread(self.kill_now)
+
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()

