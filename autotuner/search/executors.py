@@ -19,6 +19,20 @@ RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
 
 
 class Executor(Protocol):
+    """Runs trials for the study loop. The contract, which tests/unit/test_executor_contract.py
+    checks for every executor:
+
+    - ``capacity()`` is at least 1; the loop keeps at most that many trials in flight.
+    - ``submit`` returns a handle that is hashable and new for every submission (the same
+      params submitted twice are two trials).
+    - ``wait_any``, called while a trial is in flight, returns at least one ``(handle,
+      result)``; every handle comes back exactly once, with the result of its own params.
+    - A trial that fails (the engine does not start, the worker running it is lost) comes
+      back as a result with status ``failed`` and a ``cause``, not as an exception; the other
+      trials go on.
+    - ``close()`` drops what is still queued or running; calling it again does nothing.
+    """
+
     name: str
 
     def capacity(self) -> int:
