@@ -10,7 +10,6 @@ decisions), ``hardware_profile.csv``, ``latency_breakdown.svg``, ``pareto.svg`` 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -25,14 +24,33 @@ from optuna.trial import FrozenTrial, TrialState
 from autotuner import __version__
 from autotuner.bundle import report
 from autotuner.core.hardware import HardwareProfile
-from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines import registry
 from autotuner.engines.base import DeployRenderer
+from autotuner.records.manifest import (
+    Confirmation,
+    DecisionRecord,
+    Decisions,
+    LevelSummary,
+    Manifest,
+    Measurements,
+    ModelSource,
+    NoDecision,
+    PromotedConfig,
+    Provenance,
+    ReplicateRecord,
+    SearchMeasurement,
+    SlaSummary,
+    SpaceSource,
+    Spread,
+    StudySource,
+    Verdicts,
+)
+from autotuner.records.trial import PromotionNote, StudyRecord, TrialRecord
 from autotuner.search.confirm import Decision, Replicate, decide, interleaved_order
 from autotuner.search.pareto import Candidate, pareto_front, rank
 from autotuner.search.space import SearchSpace
-from autotuner.search.study import RESULT, ROLE, feasible
+from autotuner.search.study import feasible
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import Sla, to_yaml
 
@@ -59,7 +77,7 @@ class Context:
 
 
 def label(t: FrozenTrial) -> str:
-    return "baseline" if t.user_attrs.get(ROLE) == "baseline" else f"trial-{t.number}"
+    return "baseline" if TrialRecord.from_trial(t).baseline else f"trial-{t.number}"
 
 
 def measured(study: optuna.Study) -> list[FrozenTrial]:
@@ -67,7 +85,7 @@ def measured(study: optuna.Study) -> list[FrozenTrial]:
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if "duplicate_of" not in t.user_attrs
+        if not TrialRecord.from_trial(t).duplicate
     ]
 
 
@@ -77,11 +95,12 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             trial=t.number,
             values=tuple(t.values),
             feasible=feasible(t),
-            metrics=dict(t.user_attrs.get("metrics", {})),
-            params=dict(t.user_attrs.get("params_full", {})),
-            baseline=t.user_attrs.get(ROLE) == "baseline",
+            metrics=dict(r.metrics),
+            params=r.params_or({}),
+            baseline=r.baseline,
         )
         for t in measured(study)
+        for r in (TrialRecord.from_trial(t),)
     ]
 
 
@@ -100,8 +119,8 @@ def confirm(
     lead = top[0] if top else base
     assert lead is not None
     load = _common_load(
-        by_number[lead.trial].user_attrs.get("max_load") or _sla_load(sla),
-        by_number[base.trial].user_attrs.get("max_load") if base is not None else None,
+        TrialRecord.from_trial(by_number[lead.trial]).max_load or _sla_load(sla),
+        TrialRecord.from_trial(by_number[base.trial]).max_load if base is not None else None,
     )
     names = list(configs)
     plan = interleaved_order(names, spec.replicates)
@@ -179,7 +198,7 @@ def _unit(sla: Sla) -> str:
 
 
 def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
-    """Choose, confirm and write the bundle. Returns the manifest (also written)."""
+    """Choose, confirm and write the bundle. Returns the manifest as written (its JSON form)."""
     sla = ctx.sla
     directions = [o.direction for o in sla.objectives]
     cands = candidates(ctx.study)
@@ -187,11 +206,10 @@ def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
     ranked = rank(front, directions)
     if not ranked:
         say("no measured config met the SLA: nothing to promote (see `autotuner report`)")
-        manifest = _manifest(ctx, None, None, [], 0.0, front, ranked, {})
-        manifest["promoted"] = None
-        manifest["decision"] = {"reason": "no measured config met the SLA"}
-        atomic_write_text(ctx.study_dir / "no_promotion.json", json.dumps(manifest, indent=2))
-        return manifest
+        nothing = NoDecision(reason="no measured config met the SLA")
+        manifest = _manifest(ctx, None, nothing, [], 0.0, ranked, {})
+        manifest.write(ctx.study_dir / "no_promotion.json")
+        return manifest.to_data()
     decision, reps, load, configs = confirm(ctx, ranked, run, say)
     chosen = configs[decision.promoted]
     meets = chosen.feasible
@@ -205,44 +223,41 @@ def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
             }
         )
     say(f"promoted {decision.promoted}: {decision.reason}")
-    manifest = _manifest(ctx, chosen, decision, reps, load, front, ranked, configs)
-    manifest["promoted"]["meets_sla"] = meets
+    record = DecisionRecord.model_validate(decision.to_dict())
+    manifest = _manifest(ctx, chosen, record, reps, load, ranked, configs, meets)
     write_bundle(ctx, manifest, chosen, front, ranked)
-    ctx.study.set_user_attr(
-        "promotion",
-        {
-            "promoted": decision.promoted,
-            "trial": chosen.trial,
-            "reason": decision.reason,
-            "time": manifest["created"],
-        },
+    note = PromotionNote(
+        promoted=decision.promoted,
+        trial=chosen.trial,
+        reason=decision.reason,
+        time=manifest.created or "",
     )
-    return manifest
+    StudyRecord(promotion=note).save(ctx.study.set_user_attr)
+    return manifest.to_data()
 
 
 def _trial_file(ctx: Context, number: int) -> TrialResult | None:
-    t = ctx.study.trials[number]
-    rel = t.user_attrs.get(RESULT)
+    rel = TrialRecord.from_trial(ctx.study.trials[number]).result_file
     if not rel or not (ctx.study_dir / rel).exists():
         return None
-    return TrialResult.from_dict(json.loads((ctx.study_dir / rel).read_text()))
+    return TrialResult.read(ctx.study_dir / rel)
 
 
-def _spread(reps: list[Replicate], name: str) -> dict[str, dict[str, float | None]]:
-    out: dict[str, dict[str, float | None]] = {}
+def _spread(reps: list[Replicate], name: str) -> dict[str, Spread]:
+    out: dict[str, Spread] = {}
     mine = [r for r in reps if r.config == name]
     for metric in SUMMARY:
         vals = [v for r in mine if (v := r.metrics.get(metric)) is not None]
-        out[metric] = {
-            "mean": sum(vals) / len(vals) if vals else None,
-            "min": min(vals) if vals else None,
-            "max": max(vals) if vals else None,
-            "replicates": len(vals),
-        }
+        out[metric] = Spread(
+            mean=sum(vals) / len(vals) if vals else None,
+            min=min(vals) if vals else None,
+            max=max(vals) if vals else None,
+            replicates=len(vals),
+        )
     return out
 
 
-def _decisions(study: optuna.Study) -> dict[str, list[dict[str, Any]]]:
+def _decisions(study: optuna.Study) -> Decisions:
     out: dict[str, list[dict[str, Any]]] = {
         "pruned": [],
         "failed": [],
@@ -251,34 +266,33 @@ def _decisions(study: optuna.Study) -> dict[str, list[dict[str, Any]]]:
         "infeasible": [],
     }
     for t in study.get_trials(deepcopy=False):
-        params = t.user_attrs.get("params_full", t.params)
+        r = TrialRecord.from_trial(t)
+        params = r.params_or(t.params)
         if t.state == TrialState.PRUNED:
-            out["pruned"].append(
-                {"trial": t.number, "params": params, "reason": t.user_attrs.get("reason")}
-            )
-        elif t.state == TrialState.FAIL and t.user_attrs.get("interrupted"):
+            out["pruned"].append({"trial": t.number, "params": params, "reason": r.reason})
+        elif t.state == TrialState.FAIL and r.interrupted:
             out["interrupted"].append({"trial": t.number, "params": params})
         elif t.state == TrialState.FAIL:
             out["failed"].append(
                 {
                     "trial": t.number,
                     "params": params,
-                    "cause": t.user_attrs.get("cause"),
-                    "reason": t.user_attrs.get("reason"),
+                    "cause": r.cause,
+                    "reason": r.reason,
                 }
             )
-        elif "duplicate_of" in t.user_attrs:
-            out["duplicates"].append({"trial": t.number, "same_as": t.user_attrs["duplicate_of"]})
+        elif r.duplicate:
+            out["duplicates"].append({"trial": t.number, "same_as": r.duplicate_of})
         elif t.state == TrialState.COMPLETE and not feasible(t):
             out["infeasible"].append(
                 {
                     "trial": t.number,
                     "params": params,
-                    "reason": t.user_attrs.get("reason"),
+                    "reason": r.reason,
                     "constraints": t.constraints,
                 }
             )
-    return out
+    return Decisions.model_validate(out)
 
 
 def _model_hash(model_dir: Path) -> str:
@@ -300,88 +314,103 @@ def _serve_argv(ctx: Context, params: Mapping[str, Any]) -> list[str]:
 def _manifest(
     ctx: Context,
     chosen: Candidate | None,
-    decision: Decision | None,
+    decision: DecisionRecord | NoDecision,
     reps: list[Replicate],
     load: float,
-    front: list[Candidate],
     ranked: list[Candidate],
     configs: Mapping[str, Candidate],
-) -> dict[str, Any]:
+    meets: bool = False,
+) -> Manifest:
     sla = ctx.sla
     trial = _trial_file(ctx, chosen.trial) if chosen else None
-    hw = ctx.hardware
-    chosen_name = decision.promoted if decision else None
-    return {
-        "schema": "autotuner/optimization_manifest/1",
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "study": sla.name,
-        "promoted": None
+    return Manifest(
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        study=sla.name,
+        promoted=None if chosen is None else _promoted(ctx, chosen, decision, trial, meets),
+        decision=decision,
+        measurements=None
         if chosen is None
-        else {
-            "label": chosen_name,
-            "trial": chosen.trial,
-            "is_baseline": chosen.baseline,
-            "params": chosen.params,
-            "tuned_params": {k: v for k, v in chosen.params.items() if k not in ctx.space.fixed},
-            "engine_argv": list(trial.argv) if trial else None,
-            "serve_argv": _serve_argv(ctx, chosen.params),
-        },
-        "decision": decision.to_dict() if decision else None,
-        "measurements": None
-        if chosen is None
-        else {
-            "search": {
-                "trial": chosen.trial,
-                "at_sla_load": trial.levels[0].metrics if trial and trial.levels else None,
-                "max_load_meeting_sla": trial.max_load if trial else None,
-                "levels": [
-                    {"load": lv.load, "feasible": lv.feasible, "goodput": lv.metrics.get("goodput")}
-                    for lv in (trial.levels if trial else ())
-                ],
-            },
-            "confirmation": {
-                "load": load,
-                "load_unit": _unit(sla),
-                "spread": {name: _spread(reps, name) for name in configs},
-                "replicates": [r.__dict__ for r in reps],
-            },
-        },
-        "verdicts": None
+        else Measurements(
+            search=_search(chosen, trial),
+            confirmation=Confirmation(
+                load=load,
+                load_unit=_unit(sla),
+                spread={name: _spread(reps, name) for name in configs},
+                replicates=[ReplicateRecord.model_validate(r.__dict__) for r in reps],
+            ),
+        ),
+        verdicts=None
         if trial is None or not trial.levels
-        else {
-            "at_sla_load": trial.levels[0].margins,
-            "note": "margins are relative: <= 0 means the constraint is met",
-        },
-        "sla": {
-            "constraints": {c.key: c.limit for c in sla.constraints},
-            "objectives": [{o.direction: o.metric} for o in sla.objectives],
-            "file": to_yaml(sla),
-        },
-        "pareto_front": [c.trial for c in ranked],
-        "provenance": {
-            "tuner_version": __version__,
-            "engine_version": ctx.engine_version,
-            "engine_python": str(ctx.engine_python),
-            "hardware": hw.to_csv_rows(),
-            "model": {
-                "dir": str(ctx.model_dir),
-                "synth": sla.model.synth,
-                "config_sha256": _model_hash(ctx.model_dir),
-            },
-            "search_space": {
-                "hash": ctx.space.hash(),
-                "source": str(ctx.space.source),
-                "description": ctx.space.describe(),
-            },
-            "study": {
-                "name": sla.name,
-                "storage": ctx.storage,
-                "trials": [t.number for t in ctx.study.get_trials(deepcopy=False)],
-                "sampler": type(ctx.study.sampler).__name__,
-            },
-        },
-        "decisions": _decisions(ctx.study),
-    }
+        else Verdicts(
+            at_sla_load=trial.levels[0].margins,
+            note="margins are relative: <= 0 means the constraint is met",
+        ),
+        sla=SlaSummary(
+            constraints={c.key: c.limit for c in sla.constraints},
+            objectives=[{o.direction: o.metric} for o in sla.objectives],
+            file=to_yaml(sla),
+        ),
+        pareto_front=[c.trial for c in ranked],
+        provenance=_provenance(ctx),
+        decisions=_decisions(ctx.study),
+    )
+
+
+def _promoted(
+    ctx: Context,
+    chosen: Candidate,
+    decision: DecisionRecord | NoDecision,
+    trial: TrialResult | None,
+    meets: bool,
+) -> PromotedConfig:
+    return PromotedConfig(
+        label=decision.promoted if isinstance(decision, DecisionRecord) else None,
+        trial=chosen.trial,
+        is_baseline=chosen.baseline,
+        params=chosen.params,
+        tuned_params={k: v for k, v in chosen.params.items() if k not in ctx.space.fixed},
+        engine_argv=list(trial.argv) if trial else None,
+        serve_argv=_serve_argv(ctx, chosen.params),
+        meets_sla=meets,
+    )
+
+
+def _search(chosen: Candidate, trial: TrialResult | None) -> SearchMeasurement:
+    return SearchMeasurement(
+        trial=chosen.trial,
+        at_sla_load=trial.levels[0].metrics if trial and trial.levels else None,
+        max_load_meeting_sla=trial.max_load if trial else None,
+        levels=[
+            LevelSummary(load=lv.load, feasible=lv.feasible, goodput=lv.metrics.get("goodput"))
+            for lv in (trial.levels if trial else ())
+        ],
+    )
+
+
+def _provenance(ctx: Context) -> Provenance:
+    sla = ctx.sla
+    return Provenance(
+        tuner_version=__version__,
+        engine_version=ctx.engine_version,
+        engine_python=str(ctx.engine_python),
+        hardware=ctx.hardware.to_csv_rows(),
+        model=ModelSource(
+            dir=str(ctx.model_dir),
+            synth=sla.model.synth,
+            config_sha256=_model_hash(ctx.model_dir),
+        ),
+        search_space=SpaceSource(
+            hash=ctx.space.hash(),
+            source=str(ctx.space.source),
+            description=ctx.space.describe(),
+        ),
+        study=StudySource(
+            name=sla.name,
+            storage=ctx.storage,
+            trials=[t.number for t in ctx.study.get_trials(deepcopy=False)],
+            sampler=type(ctx.study.sampler).__name__,
+        ),
+    )
 
 
 def _profile(ctx: Context, cand: Candidate, title: str) -> report.LatencyProfile | None:
@@ -437,7 +466,7 @@ def _fallbacks(
 
 def write_bundle(
     ctx: Context,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     chosen: Candidate,
     front: list[Candidate],
     ranked: list[Candidate],
@@ -463,7 +492,7 @@ def write_bundle(
         )
         for c in cands
     ]
-    (tmp / "optimization_manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    manifest.write(tmp / "optimization_manifest.json")
     ctx.hardware.write_csv(tmp / "hardware_profile.csv")
     (tmp / "pareto.csv").write_text(
         report.pareto_csv(points, list(dict.fromkeys([*objs, "p99_ttft_ms"])))
@@ -488,7 +517,7 @@ def write_bundle(
             [p for p in profiles if p is not None], title=f"{sla.name}: latency at the SLA's load"
         )
     )
-    reason = manifest["decision"]["reason"] if manifest.get("decision") else ""
+    reason = manifest.decision.reason if manifest.decision else ""
     (tmp / "fallback_plan.md").write_text(
         report.fallback_plan_md(
             sla.name,

@@ -13,21 +13,23 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotuner.records.manifest import Manifest
+from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import placement
-from autotuner.search.study import ROLE, feasible
+from autotuner.search.study import feasible
 
 
-def _status(t: FrozenTrial) -> str:
-    if "duplicate_of" in t.user_attrs:
-        return f"same as {t.user_attrs['duplicate_of']}"
+def _status(t: FrozenTrial, r: TrialRecord) -> str:
+    if r.duplicate:
+        return f"same as {r.duplicate_of}"
     if t.state == TrialState.COMPLETE:
         return "meets SLA" if feasible(t) else "misses SLA"
     if t.state == TrialState.PRUNED:
         return "pruned"
     if t.state == TrialState.FAIL:
-        if t.user_attrs.get("interrupted"):
+        if r.interrupted:
             return "interrupted"
-        return f"failed ({t.user_attrs.get('cause', '?')})"
+        return f"failed ({r.cause if 'cause' in r.model_fields_set else '?'})"
     return t.state.name.lower()
 
 
@@ -37,13 +39,14 @@ def _num(v: Any, digits: int = 2) -> str:
 
 def render(study: optuna.Study, study_dir: Path) -> str:
     lines = [f"study {study.study_name} ({study_dir})"]
-    ident = study.user_attrs.get("identity", {})
+    s = StudyRecord.from_attrs(study.user_attrs, study.study_name)
+    ident = s.identity or {}
     if ident:
         lines.append(
             f"engine {ident.get('engine')}, target {ident.get('target')}, "
             f"space {ident.get('space')}"
         )
-    objs = study.user_attrs.get("objectives", [])
+    objs = s.objectives
     pairs = zip(study.directions, objs, strict=False)
     lines.append("objectives: " + ", ".join(f"{d.name.lower()} {m}" for d, m in pairs))
     lines.append("")
@@ -51,35 +54,35 @@ def render(study: optuna.Study, study_dir: Path) -> str:
         f"{'#':>3}  {'role':<9} {'status':<18} {'goodput':>8} {'max load':>8} "
         f"{'p99 TTFT':>9} {'p99 TPOT':>9}  params / reason"
     )
-    fixed = set()
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get(ROLE) == "baseline":
-            fixed = set(t.user_attrs.get("params_full", {}))
-    for t in study.get_trials(deepcopy=False):
-        m = t.user_attrs.get("metrics", {})
-        params = {
-            k: v for k, v in t.user_attrs.get("params_full", t.params).items() if k not in fixed
-        }
+    trials = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
+    fixed: set[str] = set()
+    for _, r in trials:
+        if r.baseline:
+            fixed = set(r.params_or({}))
+    for t, r in trials:
+        m = r.metrics
+        params = {k: v for k, v in r.params_or(t.params).items() if k not in fixed}
         note = json.dumps(params) if params else "engine defaults"
-        if t.user_attrs.get("reason") and not feasible(t):
-            note += f" -- {t.user_attrs['reason']}"
+        if r.reason and not feasible(t):
+            note += f" -- {r.reason}"
         lines.append(
-            f"{t.number:>3}  {t.user_attrs.get(ROLE, '-'):<9} {_status(t):<18} "
-            f"{_num(m.get('goodput')):>8} {_num(t.user_attrs.get('max_load')):>8} "
+            f"{t.number:>3}  {r.role or '-':<9} {_status(t, r):<18} "
+            f"{_num(m.get('goodput')):>8} {_num(r.max_load):>8} "
             f"{_num(m.get('p99_ttft_ms'), 0):>9} {_num(m.get('p99_tpot_ms'), 1):>9}  {note}"
         )
-    promotion = study.user_attrs.get("promotion")
+    promotion = s.promotion
     lines.append("")
     manifest = study_dir / "promoted" / "optimization_manifest.json"
     if promotion:
         lines.append(
-            f"promoted: {promotion['promoted']} (trial {promotion['trial']}) at {promotion['time']}"
+            f"promoted: {promotion.promoted} (trial {promotion.trial}) at {promotion.time}"
         )
-        lines.append(f"why: {promotion['reason']}")
+        lines.append(f"why: {promotion.reason}")
         if manifest.exists():
-            data = json.loads(manifest.read_text())
-            lines.append(f"pareto front (ranked): {data.get('pareto_front')}")
-            lines.append(f"tuned params: {json.dumps(data['promoted']['tuned_params'])}")
+            data = Manifest.read(manifest)
+            tuned = data.promoted.tuned_params if data.promoted else {}
+            lines.append(f"pareto front (ranked): {data.pareto_front}")
+            lines.append(f"tuned params: {json.dumps(tuned)}")
             lines.append(f"bundle: {manifest.parent}")
     else:
         lines.append("no promotion yet")

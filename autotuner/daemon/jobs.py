@@ -11,8 +11,6 @@ Layout under the state directory, per SLA ``S`` and engine environment ``E``:
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +19,9 @@ from typing import Any
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.daemon.store import SlaRow
+from autotuner.records.base import RecordError
+from autotuner.records.manifest import Confirmation, Manifest, Measurements, Spread
+from autotuner.records.trial import TrialRecord
 from autotuner.sla.spec import Sla, parse_sla, to_yaml
 
 
@@ -147,36 +148,30 @@ def regression_argv(
     ]
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    with contextlib.suppress(OSError, json.JSONDecodeError):
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else None
-    return None
-
-
 def promotion_from(layout: Layout, sla: str, engine: str, now: float) -> dict[str, Any] | None:
     """The promotion a finished tune left in its bundle, as the daemon records it."""
-    manifest = read_json(layout.bundle(sla, engine) / "optimization_manifest.json")
-    if manifest is None or not manifest.get("promoted"):
+    manifest = Manifest.read_or_none(layout.bundle(sla, engine) / "optimization_manifest.json")
+    if manifest is None or manifest.promoted is None:
         return None
-    promoted = manifest["promoted"]
-    measurements = manifest.get("measurements") or {}
-    confirmation = measurements.get("confirmation") or {}
-    spread = (confirmation.get("spread") or {}).get(str(promoted.get("label")), {})
-    goodput = (spread.get("goodput") or {}).get("mean")
-    if goodput is None:
-        goodput = ((measurements.get("search") or {}).get("at_sla_load") or {}).get("goodput")
+    promoted = manifest.promoted
+    measurements = manifest.measurements or Measurements()
+    confirmation = measurements.confirmation or Confirmation()
+    goodput = confirmation.spread.get(str(promoted.label), {}).get("goodput", Spread()).mean
+    if goodput is None and measurements.search is not None:
+        goodput = (measurements.search.at_sla_load or {}).get("goodput")
     return {
         "engine": engine,
-        "engine_version": (manifest.get("provenance") or {}).get("engine_version"),
+        "engine_version": manifest.provenance.engine_version if manifest.provenance else None,
         "bundle": str(layout.bundle(sla, engine)),
-        "label": promoted.get("label"),
-        "params": promoted.get("params") or {},
-        "meets_sla": bool(promoted.get("meets_sla")),
+        "label": promoted.label,
+        "params": dict(promoted.params),
+        "meets_sla": promoted.meets_sla,
         "goodput": goodput,
-        "goodput_spread": (spread.get("goodput") or {}).get("spread"),
-        "load": confirmation.get("load"),
-        "manifest_created": manifest.get("created"),
+        # Read from a "spread" key the manifest's spread never had, so always None (kept as
+        # it was; the replicates' relative spread is decision.per_config[label]).
+        "goodput_spread": None,
+        "load": confirmation.load,
+        "manifest_created": manifest.created,
         "time": now,
     }
 
@@ -202,7 +197,10 @@ def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:
         if t.state.name == "RUNNING":
             running.append({"number": t.number, "params": t.params})
         if t.state.name == "COMPLETE" and feasible(t):
-            g = t.user_attrs.get("max_load")
-            if isinstance(g, int | float) and (best is None or g > best):
+            try:
+                g = TrialRecord.from_trial(t).max_load
+            except RecordError as exc:  # e.g. a study of a newer autotuner: say so, go on
+                return {"engine": engine, "trials": {}, "best_goodput": None, "error": str(exc)}
+            if g is not None and (best is None or g > best):
                 best = float(g)
     return {"engine": engine, "trials": trials, "best_goodput": best, "running": running}

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from autotuner.daemon import jobs
 from autotuner.daemon.config import next_run
 from autotuner.daemon.store import Job
+from autotuner.records.bench import BenchResult
+from autotuner.records.compare import EngineComparison
 from autotuner.sla.spec import SlaError, parse_sla
 
 if TYPE_CHECKING:
@@ -55,9 +57,8 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
 
 def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     row = d.store.get_sla(job.sla)
-    result = jobs.read_json(d.layout.run_dir(job.sla, job.id) / "result.json") or {}
-    metrics = result.get("metrics") or {}  # `autotuner bench --output`: metrics at the top
-    goodput = metrics.get("goodput")
+    bench = BenchResult.read_or_none(d.layout.run_dir(job.sla, job.id) / "result.json")
+    goodput = bench.metrics.get("goodput") if bench else None
     out: dict[str, Any] = {"meets_sla": code == 0, "goodput": goodput, "exit_code": code}
     if row is None or row.promotion is None:
         return out
@@ -95,26 +96,27 @@ def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
 
 
 def regression_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
-    result = jobs.read_json(d.layout.run_dir(job.sla, job.id) / "result.json") or {}
-    verdict = str(result.get("verdict", "not_enough_data"))
+    path = d.layout.run_dir(job.sla, job.id) / "result.json"
+    result = EngineComparison.read_or_none(path) or EngineComparison()
+    verdict = result.verdict
     old, new = str(job.args["old"]), str(job.args["new"])
     details = {
         "verdict": verdict,
-        "reason": result.get("reason"),
-        "changes": result.get("changes", []),
+        "reason": result.reason,
+        "changes": [c.model_dump(mode="json", exclude_unset=True) for c in result.changes],
         "old_engine": old,
         "new_engine": new,
-        "old_version": (result.get("old") or {}).get("version"),
-        "new_version": (result.get("new") or {}).get("version"),
-        "load": result.get("load"),
-        "counts": result.get("counts"),
+        "old_version": result.old.version if result.old else None,
+        "new_version": result.new.version if result.new else None,
+        "load": result.load,
+        "counts": result.counts,
     }
     d.store.add_verdict(job.sla, old, new, verdict, details)
     if verdict == "regression":
         numbers = "; ".join(
-            f"{c['metric']} {c['change']:+.1%} (99% CI {c['ci_low']:+.1%}..{c['ci_high']:+.1%})"
-            for c in result.get("changes", [])
-            if c.get("change") is not None and c.get("direction") == "worse"
+            f"{c.metric} {c.change:+.1%} (99% CI {c.ci_low:+.1%}..{c.ci_high:+.1%})"
+            for c in result.changes
+            if c.change is not None and c.direction == "worse"
         )
         d.alert(
             "engine_regression",
@@ -122,7 +124,7 @@ def regression_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
             "critical",
             f"{job.sla}: {new} ({details['new_version']}) is slower than {old} "
             f"({details['old_version']}) for the promoted config: "
-            f"{numbers or result.get('reason')}",
+            f"{numbers or result.reason}",
             details,
         )
     if d.config.regression.retune and not d.store.pending(job.sla, "tune"):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import secrets
@@ -35,6 +34,7 @@ from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
 from autotuner.daemon.metrics import StoreCollector
 from autotuner.daemon.store import Job, SlaRow, Store
 from autotuner.engines import envs
+from autotuner.records.daemon import DaemonInfo
 from autotuner.sla.spec import Sla, SlaError, parse_sla
 
 logger = logging.getLogger(__name__)
@@ -144,8 +144,8 @@ class Daemon:
     def write_address(self, host: str, port: int) -> None:
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         self.url = f"http://{shown}:{port}"
-        info = {"url": self.url, "pid": os.getpid(), "started": self.started}
-        atomic_write_text(self.root / "daemon.json", json.dumps(info) + "\n")
+        info = DaemonInfo(url=self.url, pid=os.getpid(), started=self.started)
+        atomic_write_text(self.root / "daemon.json", info.to_json(indent=None) + "\n")
 
     # ------------------------------------------------------------------ submissions
     def submit(

@@ -44,6 +44,8 @@ from autotuner.core import paths
 from autotuner.core.errors import BadInput
 from autotuner.engines import registry
 from autotuner.engines.base import EnvTraits
+from autotuner.records.base import RecordError, RecordVersionError
+from autotuner.records.engines import EngineEntry, EngineRegistry
 
 __all__ = [
     "ENV_PYTHON_VAR",
@@ -308,22 +310,20 @@ def _locked(
 def _read_registry() -> dict[str, EngineEnv]:
     path = _registry_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        stored = EngineRegistry.read(path)
     except FileNotFoundError:
         return {}
-    try:
-        data = json.loads(text)
-        return {name: EngineEnv.from_dict(e) for name, e in data["engines"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise EngineEnvError(f"engine registry {path} is corrupt ({e}); fix or delete it") from e
+    except RecordVersionError:
+        raise
+    except RecordError as e:
+        raise EngineEnvError(f"the engine registry is corrupt ({e}); fix or delete it") from e
+    return {name: EngineEnv.from_dict(e.model_dump()) for name, e in stored.engines.items()}
 
 
 def _write_registry(envs: Mapping[str, EngineEnv]) -> None:
-    data = {
-        "format": REGISTRY_FORMAT,
-        "engines": {name: envs[name].to_dict() for name in sorted(envs)},
-    }
-    paths.atomic_write_text(_registry_path(), json.dumps(data, indent=2) + "\n")
+    entries = {name: EngineEntry.model_validate(envs[name].to_dict()) for name in sorted(envs)}
+    text = EngineRegistry(format=REGISTRY_FORMAT, engines=entries).to_json()
+    paths.atomic_write_text(_registry_path(), text + "\n")
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from autotuner.measure.workload import (
     load_dataset,
 )
 from autotuner.models import synth
+from autotuner.records.bench import BenchResult, VerdictRecord
 from autotuner.sla.spec import Sla
 
 Say = Callable[[str], None]
@@ -162,26 +163,35 @@ class BenchOutcome:
     evaluation: Evaluation
     log_path: Path
 
-    def to_dict(self, with_records: bool = True) -> dict[str, Any]:
+    def to_record(self, with_records: bool = True) -> BenchResult:
+        """The bench result (``result.json``); ``with_records=False`` leaves out every
+        request's record (the ``--json`` print)."""
         result = self.result.to_dict()
         if not with_records:
             result.pop("records")
-        return {
-            "kind": "autotuner.bench",
-            "tuner_version": __version__,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sla": self.sla_name,
-            "engine_version": self.engine_version,
-            "params": self.params,
-            "argv": list(self.argv),
-            "startup_s": self.startup_s,
-            "errors": self.result.errors(),
-            "requests": len(self.result.records),
-            "failed": len(self.result.failed),
-            **self.evaluation.to_dict(),
-            "engine_log": str(self.log_path),
-            "result": result,
-        }
+        ev = self.evaluation
+        return BenchResult(
+            tuner_version=__version__,
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            sla=self.sla_name,
+            engine_version=self.engine_version,
+            params=self.params,
+            argv=list(self.argv),
+            startup_s=self.startup_s,
+            errors=self.result.errors(),
+            requests=len(self.result.records),
+            failed=len(self.result.failed),
+            feasible=ev.feasible,
+            metrics=ev.metrics,
+            verdicts=[VerdictRecord.model_validate(v.to_dict()) for v in ev.verdicts],
+            objectives=ev.objectives,
+            engine_log=str(self.log_path),
+            result=result,
+        )
+
+    def to_dict(self, with_records: bool = True) -> dict[str, Any]:
+        """:meth:`to_record` in its JSON form."""
+        return self.to_record(with_records).to_data()
 
 
 def _progress_printer(say: Say) -> Callable[[Progress], None]:

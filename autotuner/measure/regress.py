@@ -20,7 +20,6 @@ resumes where it stopped.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,9 +27,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs
+from autotuner.records.compare import EngineComparison, EngineRef, MetricChangeRecord, ReplicateLine
+from autotuner.records.manifest import Manifest, PromotedConfig
 from autotuner.search.confirm import interleaved_order, spread
 
 Verdict = Literal["regression", "improvement", "no_change", "not_enough_data"]
@@ -51,6 +51,14 @@ class Sample:
     feasible: bool = False
     cause: str | None = None  # why it did not start / was not measured
     run_dir: str = ""
+
+    def to_record(self) -> ReplicateLine:
+        """A line of ``replicates.jsonl``."""
+        return ReplicateLine.model_validate(asdict(self))
+
+    @classmethod
+    def from_record(cls, r: ReplicateLine) -> Sample:
+        return cls(**r.model_dump(exclude={"schema_version"}))
 
 
 @dataclass(frozen=True)
@@ -228,9 +236,9 @@ def run_replicates(
     journal = work_dir / "replicates.jsonl"
     done: dict[tuple[str, int], Sample] = {}
     if journal.is_file():
-        for line in journal.read_text().splitlines():
+        for n, line in enumerate(journal.read_text().splitlines(), 1):
             if line.strip():
-                s = Sample(**json.loads(line))
+                s = Sample.from_record(ReplicateLine.from_json(line, f"{journal} line {n}"))
                 done[(s.engine, s.replicate)] = s
     plan = interleaved_order(list(engines), replicates)
     for i, (r, engine) in enumerate(plan, 1):
@@ -240,7 +248,7 @@ def run_replicates(
         sample = run_one(engine, work_dir / f"{engine}-r{r}")
         sample = Sample(**{**asdict(sample), "engine": engine, "replicate": r})
         with journal.open("a") as f:
-            f.write(json.dumps(asdict(sample)) + "\n")
+            f.write(sample.to_record().to_json(indent=None) + "\n")
         done[(engine, r)] = sample
         g = sample.metrics.get("goodput")
         say(
@@ -257,12 +265,11 @@ def _fmt(v: float | None) -> str:
 
 
 def _promoted(bundle: Path) -> tuple[dict[str, ParamValue], float | None, str]:
-    manifest = json.loads((bundle / "optimization_manifest.json").read_text())
-    promoted = manifest.get("promoted") or {}
-    params = dict(promoted.get("params") or {})
-    confirmation = (manifest.get("measurements") or {}).get("confirmation") or {}
-    load = confirmation.get("load")
-    return params, (float(load) if load else None), str(promoted.get("label", "?"))
+    manifest = Manifest.read(bundle / "optimization_manifest.json")
+    promoted = manifest.promoted or PromotedConfig()
+    confirmation = manifest.measurements.confirmation if manifest.measurements else None
+    load = confirmation.load if confirmation else None
+    return dict(promoted.params), (float(load) if load else None), promoted.label or "?"
 
 
 def compare_engines(
@@ -319,18 +326,21 @@ def compare_engines(
     work_dir.mkdir(parents=True, exist_ok=True)
     samples = run_replicates(["old", "new"], replicates, work_dir, run_one, say)
     outcome = decide(samples, min_effect)
-    result = {
-        "sla": sla.name,
-        "config": label,
-        "params": params,
-        "load": load,
-        "old": {"name": old, "version": " ".join(versions["old"])},
-        "new": {"name": new, "version": " ".join(versions["new"])},
-        "replicates": replicates,
-        "min_effect": min_effect,
-        **outcome.to_dict(),
-        "samples": [asdict(s) for s in samples],
-    }
-    atomic_write_text(work_dir / "result.json", json.dumps(result, indent=2))
+    result = EngineComparison(
+        sla=sla.name,
+        config=label,
+        params=params,
+        load=load,
+        old=EngineRef(name=old, version=" ".join(versions["old"])),
+        new=EngineRef(name=new, version=" ".join(versions["new"])),
+        replicates=replicates,
+        min_effect=min_effect,
+        verdict=outcome.verdict,
+        reason=outcome.reason,
+        changes=[MetricChangeRecord.model_validate(asdict(c)) for c in outcome.changes],
+        counts=outcome.counts,
+        samples=[s.to_record() for s in samples],
+    )
+    result.write(work_dir / "result.json")
     say(outcome.summary())
-    return result
+    return result.to_data()

@@ -54,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from autotuner.core import paths
+from autotuner.records.synth import SynthMarker
 
 __all__ = [
     "ARCHS",
@@ -712,22 +713,19 @@ def vocab_words(model_dir: Path) -> list[str]:
     return [w for w, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i not in added]
 
 
-def _read_marker(model_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((model_dir / MARKER_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+def _read_marker(model_dir: Path) -> SynthMarker | None:
+    """The directory's marker; None when it has none or an unreadable one. A marker of a
+    newer autotuner raises :class:`RecordVersionError`."""
+    return SynthMarker.read_or_none(model_dir / MARKER_NAME)
 
 
 def _is_complete(model_dir: Path, arch: str, seed: int) -> bool:
     m = _read_marker(model_dir)
-    if m is None or m.get("arch") != arch or m.get("format_version") != FORMAT_VERSION:
+    if m is None or m.arch != arch or m.format_version != FORMAT_VERSION:
         return False
-    if ARCHS[arch].has_weights and m.get("seed") != seed:
+    if ARCHS[arch].has_weights and m.seed != seed:
         return False
-    files = m.get("files")
-    return isinstance(files, list) and all((model_dir / str(f)).is_file() for f in files)
+    return m.files is not None and all((model_dir / f).is_file() for f in m.files)
 
 
 def _dump(path: Path, obj: Any) -> None:
@@ -752,17 +750,15 @@ def _build(spec: ArchSpec, d: Path, seed: int) -> None:
         _write_weights(d / WEIGHTS_NAME, cfg, spec.family, spec.name, seed)
         files.append(WEIGHTS_NAME)
     # The marker goes last: its presence means everything above was written.
-    _dump(
-        d / MARKER_NAME,
-        {
-            "arch": spec.name,
-            "format_version": FORMAT_VERSION,
-            "seed": seed,
-            "has_weights": spec.has_weights,
-            "params": param_count(cfg, spec.family),
-            "files": files,
-        },
+    marker = SynthMarker(
+        arch=spec.name,
+        format_version=FORMAT_VERSION,
+        seed=seed,
+        has_weights=spec.has_weights,
+        params=param_count(cfg, spec.family),
+        files=files,
     )
+    (d / MARKER_NAME).write_text(marker.to_json() + "\n", encoding="utf-8")
 
 
 def synthesize(arch: str, out_dir: Path, *, seed: int = 0, force: bool = False) -> Path:

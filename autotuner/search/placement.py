@@ -10,12 +10,12 @@ the GPUs it asked for.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from autotuner.records.trial import TrialFile
 from autotuner.search.executors import gpus_needed
 
 
@@ -40,11 +40,10 @@ def load(study_dir: Path) -> list[Placement]:
     """Every launch of the study that recorded its wall-clock span, by start time."""
     out = []
     for path in sorted(study_dir.glob("**/trial.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        trial = TrialFile.read_or_none(path)
+        if trial is None:
             continue
-        extra = data.get("extra") or {}
+        extra = trial.extra
         if "started_at" not in extra or "ended_at" not in extra:
             continue  # written before launches recorded their span
         out.append(
@@ -53,10 +52,10 @@ def load(study_dir: Path) -> list[Placement]:
                 node=extra.get("node"),
                 assigned=tuple(extra.get("gpu_uuids") or ()),
                 seen=tuple(sorted(extra.get("engine_gpus") or {})),
-                needed=gpus_needed(data.get("params") or {}),
+                needed=gpus_needed(trial.params),
                 start=float(extra["started_at"]),
                 end=float(extra["ended_at"]),
-                status=str(data.get("status")),
+                status=trial.status,
             )
         )
     return sorted(out, key=lambda p: p.start)

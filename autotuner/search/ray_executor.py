@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import tarfile
 import tempfile
@@ -32,7 +31,6 @@ from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.search.executors import gpus_needed
 from autotuner.search.trial import SearchSettings, TrialResult
@@ -201,7 +199,7 @@ class RayExecutor:
                 log_path=str(trial_dir / "engine.log"),
                 extra={**result.extra, "executor": "ray"},
             )
-            atomic_write_text(trial_dir / "trial.json", json.dumps(result.to_dict(), indent=2))
+            result.write(trial_dir / "trial.json")
             out.append((ref, result))
         return out
 
@@ -221,7 +219,7 @@ class RayExecutor:
             extra={"executor": "ray"},
         )
         trial_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(trial_dir / "trial.json", json.dumps(result.to_dict(), indent=2))
+        result.write(trial_dir / "trial.json")
         return result
 
     def run_one(

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.core.errors import BadInput
 from autotuner.core.types import ParamValue
+from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
 from autotuner.search.space import ParamValue as GridValue
 from autotuner.search.trial import TrialResult
@@ -31,10 +33,8 @@ from autotuner.sla.spec import Sla
 
 Say = Callable[[str], None]
 
-ROLE = "role"  # user attr: "baseline", "candidate"
-CONFIG_KEY = "config_key"  # user attr: canonical JSON of the full engine params
-RESULT = "result_file"  # user attr: path of trial.json, relative to the study directory
-REQUEUED = "requeued_from"  # user attr on a re-run of an interrupted trial
+# What a trial whose config was measured before takes over from that earlier trial.
+_REUSED = {"result_file", "status", "max_load", "metrics"}
 
 # Safety valves for tiny spaces: stop asking when nothing new comes out.
 MAX_CONSECUTIVE_SKIPS = 40
@@ -176,10 +176,11 @@ def open_study(
         raise StudyMismatch(
             f"study {sla.name!r} in {url} has other objectives; use another study name"
         )
-    stored = study.user_attrs.get("identity")
+    stored = StudyRecord.from_attrs(study.user_attrs, sla.name).identity
     if stored is None:
-        study.set_user_attr("identity", identity)
-        study.set_user_attr("objectives", [o.metric for o in sla.objectives])
+        StudyRecord(identity=identity, objectives=[o.metric for o in sla.objectives]).save(
+            study.set_user_attr
+        )
     else:
         changed = [k for k in identity if stored.get(k) != identity[k]]
         if changed:
@@ -199,10 +200,10 @@ def fail_stale(study: optuna.Study, say: Say) -> list[int]:
     stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
     storage = study._storage  # public API has no way to fail another process's trial
     for t in stale:
-        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        TrialRecord(interrupted=True).save(partial(storage.set_trial_user_attr, t._trial_id))
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        if t.user_attrs.get(ROLE) != "baseline" and t.params:
-            study.enqueue_trial(t.params, user_attrs={REQUEUED: t.number})
+        if not TrialRecord.from_trial(t).baseline and t.params:
+            study.enqueue_trial(t.params, user_attrs=TrialRecord(requeued_from=t.number).attrs())
         say(f"trial {t.number} was interrupted: failed, and its config queued again")
     return [t.number for t in stale]
 
@@ -210,15 +211,15 @@ def fail_stale(study: optuna.Study, say: Say) -> list[int]:
 def counted(t: FrozenTrial) -> bool:
     """Trials that spent the budget: a finished launch, or a launch that crashed."""
     if t.state == TrialState.COMPLETE:
-        return "duplicate_of" not in t.user_attrs
-    return t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")
+        return not TrialRecord.from_trial(t).duplicate
+    return t.state == TrialState.FAIL and not TrialRecord.from_trial(t).interrupted
 
 
 def baseline_done(study: optuna.Study) -> bool:
     return any(
-        t.user_attrs.get(ROLE) == "baseline"
-        and t.state in (TrialState.COMPLETE, TrialState.FAIL)
-        and not t.user_attrs.get("interrupted")
+        t.state in (TrialState.COMPLETE, TrialState.FAIL)
+        and (r := TrialRecord.from_trial(t)).baseline
+        and not r.interrupted
         for t in study.get_trials(deepcopy=False)
     )
 
@@ -233,19 +234,23 @@ def objective_values(result: TrialResult, sla: Sla) -> list[float] | None:
 def tell_result(
     study: optuna.Study, trial: optuna.Trial, result: TrialResult, sla: Sla, rel_file: str
 ) -> TrialState:
-    trial.set_user_attr(RESULT, rel_file)
-    trial.set_user_attr("status", result.status)
-    trial.set_user_attr("max_load", result.max_load)
-    trial.set_user_attr("metrics", {m: result.metric(m) for m in _summary_metrics(sla)})
+    TrialRecord(
+        result_file=rel_file,
+        status=result.status,
+        max_load=result.max_load,
+        metrics={m: result.metric(m) for m in _summary_metrics(sla)},
+    ).save(trial.set_user_attr)
     if result.reason:
-        trial.set_user_attr("reason", result.reason)
+        TrialRecord(reason=result.reason).save(trial.set_user_attr)
     if result.status == "failed":
-        trial.set_user_attr("cause", result.cause)
+        TrialRecord(cause=result.cause).save(trial.set_user_attr)
         study.tell(trial, state=TrialState.FAIL)
         return TrialState.FAIL
     values = objective_values(result, sla)
     if values is None:
-        trial.set_user_attr("reason", "no successful request: objectives not measurable")
+        TrialRecord(reason="no successful request: objectives not measurable").save(
+            trial.set_user_attr
+        )
         study.tell(trial, state=TrialState.FAIL)
         return TrialState.FAIL
     for key, margin in result.margins().items():
@@ -342,7 +347,7 @@ class StudyRunner:
             return False
         trials = self.study.get_trials(deepcopy=False)
         baseline = baseline_done(self.study) or any(
-            t.user_attrs.get(ROLE) == "baseline" and t.state == TrialState.RUNNING for t in trials
+            t.state == TrialState.RUNNING and TrialRecord.from_trial(t).baseline for t in trials
         )
         waiting = any(t.state == TrialState.WAITING for t in trials)
         return baseline and not waiting and not sampler.free_points(self.study)
@@ -404,16 +409,11 @@ class StudyRunner:
         """Ask one trial; settle it at once (reused, pruned) or return it to launch."""
         trial = self.study.ask()
         baseline = not baseline_done(self.study) and not self._baseline_running(trial)
-        if baseline:
-            trial.set_user_attr(ROLE, "baseline")
-            suggested: dict[str, ParamValue] = {}
-        else:
-            trial.set_user_attr(ROLE, "candidate")
-            suggested = self.suggest(trial)
+        TrialRecord(role="baseline" if baseline else "candidate").save(trial.set_user_attr)
+        suggested: dict[str, ParamValue] = {} if baseline else self.suggest(trial)
         params = {**self.fixed, **suggested}
         key = config_key(params)
-        trial.set_user_attr(CONFIG_KEY, key)
-        trial.set_user_attr("params_full", params)
+        TrialRecord(config_key=key, params_full=params).save(trial.set_user_attr)
         earlier = self._earlier(key, trial.number)
         if earlier is not None:
             self._reuse(trial, earlier)
@@ -421,7 +421,7 @@ class StudyRunner:
         if not baseline:
             reason = self.prune(params)
             if reason:
-                trial.set_user_attr("reason", reason)
+                TrialRecord(reason=reason).save(trial.set_user_attr)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 self.say(f"trial {trial.number}: pruned before launch: {reason}")
                 return None
@@ -435,23 +435,23 @@ class StudyRunner:
 
     def _baseline_running(self, trial: optuna.Trial) -> bool:
         return any(
-            t.user_attrs.get(ROLE) == "baseline"
-            and t.state == TrialState.RUNNING
+            t.state == TrialState.RUNNING
             and t.number != trial.number
+            and TrialRecord.from_trial(t).baseline
             for t in self.study.get_trials(deepcopy=False)
         )
 
     def _earlier(self, key: str, number: int) -> FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get(CONFIG_KEY) == key and t.number != number:
+            if t.number != number and TrialRecord.from_trial(t).config_key == key:
                 return t
         return None
 
     def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
-        trial.set_user_attr("duplicate_of", earlier.number)
-        for attr in (RESULT, "status", "max_load", "metrics"):
-            if attr in earlier.user_attrs:
-                trial.set_user_attr(attr, earlier.user_attrs[attr])
+        TrialRecord(duplicate_of=earlier.number).save(trial.set_user_attr)
+        # The earlier trial's result: the attributes it has, not the record's defaults.
+        result = TrialRecord.from_trial(earlier).model_dump(include=_REUSED, exclude_unset=True)
+        TrialRecord.model_validate(result).save(trial.set_user_attr)
         for key, value in earlier.constraints.items():
             trial.set_constraint(key, value)
         self.study.tell(trial, earlier.values)
@@ -483,7 +483,7 @@ class StudyRunner:
         if best is not None:
             self.say(
                 f"  best so far: trial {best.number}, goodput "
-                f"{_fmt(best.user_attrs.get('metrics', {}).get('goodput'), ' req/s')}; "
+                f"{_fmt(TrialRecord.from_trial(best).metrics.get('goodput'), ' req/s')}; "
                 f"{left} launches left, ETA {eta / 60:.0f} min"
             )
 

@@ -30,6 +30,7 @@ from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.measure.workload import Arrival
+from autotuner.records.trial import TrialFile
 from autotuner.sla.spec import Sla
 
 Say = Callable[[str], None]
@@ -106,20 +107,43 @@ class TrialResult:
         """The highest load level that met every constraint (the SLA goodput for rates)."""
         return self.levels[self.best].load if self.best is not None else None
 
+    def to_record(self) -> TrialFile:
+        """What ``trial.json`` holds (derived ``feasible`` and ``max_load`` included)."""
+        return TrialFile.model_validate(
+            {**asdict(self), "feasible": self.feasible, "max_load": self.max_load}
+        )
+
+    @classmethod
+    def from_record(cls, r: TrialFile) -> TrialResult:
+        return cls(
+            params=dict(r.params),
+            status=r.status,
+            load_kind=r.load_kind,
+            levels=tuple(Level(**lv.model_dump()) for lv in r.levels),
+            best=r.best,
+            reason=r.reason,
+            cause=r.cause,
+            startup_s=r.startup_s,
+            argv=tuple(r.argv),
+            log_path=r.log_path,
+            duration_s=r.duration_s,
+            extra=dict(r.extra),
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["feasible"] = self.feasible
-        d["max_load"] = self.max_load
-        return d
+        return self.to_record().to_data()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialResult:
-        d = dict(d)
-        d.pop("feasible", None)
-        d.pop("max_load", None)
-        d["levels"] = tuple(Level(**lv) for lv in d.get("levels", ()))
-        d["argv"] = tuple(d.get("argv", ()))
-        return cls(**d)
+        return cls.from_record(TrialFile.from_data(d, "trial result"))
+
+    def write(self, path: Path) -> None:
+        """Write ``trial.json`` (atomically)."""
+        self.to_record().write(path)
+
+    @classmethod
+    def read(cls, path: Path) -> TrialResult:
+        return cls.from_record(TrialFile.read(path))
 
 
 def _finite(m: float) -> float | None:
@@ -290,5 +314,5 @@ def run_trial(
     result = TrialResult(
         **{**result.__dict__, "duration_s": time.monotonic() - started, "extra": extra}
     )
-    atomic_write_text(run_dir / "trial.json", json.dumps(result.to_dict(), indent=2))
+    result.write(run_dir / "trial.json")
     return result

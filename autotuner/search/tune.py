@@ -27,6 +27,7 @@ from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter
 from autotuner.measure.bench import resolve_model
+from autotuner.records.trial import TrialRecord
 from autotuner.search import rules
 from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
 from autotuner.search.space import ParamValue as SpaceValue
@@ -74,9 +75,9 @@ def _crash_memory(
     defaults = {k: v for k, v in space.defaults.items() if v is not None}
     memory = rules.CrashMemory(defaults={**defaults, **space.fixed}, traits=engine.crash_traits)
     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        cause = t.user_attrs.get("cause")
-        if cause:
-            memory.record(t.user_attrs.get("params_full", {}), cause, label=f"trial {t.number}")
+        r = TrialRecord.from_trial(t)
+        if r.cause:
+            memory.record(r.params_or({}), r.cause, label=f"trial {t.number}")
     return memory
 
 

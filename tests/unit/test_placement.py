@@ -23,7 +23,12 @@ def _trial(study: Path, name: str, span: tuple[float, float], seen: list[str], *
         extra["engine_gpus"] = {u: 40 << 30 for u in seen}
     d = study / name
     d.mkdir(parents=True)
-    data = {"params": kw.get("params", {}), "status": kw.get("status", "complete"), "extra": extra}
+    data = {
+        "params": kw.get("params", {}),
+        "status": kw.get("status", "complete"),
+        "load_kind": "rate",
+        "extra": extra,
+    }
     (d / "trial.json").write_text(json.dumps(data))
 
 

@@ -1,0 +1,153 @@
+"""What a study keeps about each trial, and what each launch writes to its ``trial.json``.
+
+:class:`TrialRecord` is kept as Optuna user attributes, one per field under the field's name
+(``role``, ``params_full``, ``metrics``, ...), so that optuna-dashboard and anyone reading the
+study with Optuna alone sees them. A trial's attributes are written in steps (role on ask,
+result on tell), each step through a record holding only the fields it sets; reading takes
+every field at once. Studies written before the record had a ``schema_version`` attribute
+have the same attributes and read as version 0.
+
+:class:`TrialFile` is ``trial.json``: a launch's result with every load level, written by
+the trial (or the executor that ran it) and read by promotion and the placement report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotuner.core.types import ParamValue
+from autotuner.records.base import Record
+
+TrialStatus = Literal["complete", "stopped_early", "failed"]
+Role = Literal["baseline", "candidate"]
+SetAttr = Callable[[str, Any], None]
+
+
+class _Trial(Protocol):
+    """An Optuna trial, live or frozen: what reading its record needs."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
+
+
+class TrialRecord(Record):
+    """A trial as the study keeps it (Optuna user attributes)."""
+
+    KIND = "trial record"
+
+    role: Role | None = None
+    config_key: str | None = None  # canonical JSON of the full engine params
+    params_full: dict[str, ParamValue] | None = None  # fixed and suggested params together
+    result_file: str | None = None  # trial.json, relative to the study directory
+    status: TrialStatus | None = None
+    max_load: float | None = None  # highest load that met the SLA
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+    reason: str | None = None  # why it was pruned, stopped early, failed or missed the SLA
+    cause: str | None = None  # launch failure class
+    duplicate_of: int | None = None  # an earlier trial with the same config: result reused
+    interrupted: bool = False  # left RUNNING by a crash and failed at the next start
+    requeued_from: int | None = None  # the interrupted trial whose config this one re-runs
+
+    @classmethod
+    def from_trial(cls, trial: _Trial) -> TrialRecord:
+        """The record of ``trial``, from its user attributes (other attributes ignored)."""
+        return cls.from_data(trial.user_attrs, f"trial {trial.number}")
+
+    @property
+    def baseline(self) -> bool:
+        return self.role == "baseline"
+
+    @property
+    def duplicate(self) -> bool:
+        return self.duplicate_of is not None
+
+    def params_or(self, fallback: Mapping[str, Any]) -> dict[str, Any]:
+        """The full params, or ``fallback`` (Optuna's suggested params) when never recorded."""
+        return dict(self.params_full if self.params_full is not None else fallback)
+
+    def attrs(self) -> dict[str, Any]:
+        """The fields given to this record (not the defaults), as user attributes, stamped
+        with the schema version."""
+        given = self.model_dump(mode="json", exclude_unset=True, exclude={"schema_version"})
+        return {"schema_version": self.schema_version, **given}
+
+    def save(self, set_attr: SetAttr) -> None:
+        """Write :meth:`attrs` through ``set_attr`` (``trial.set_user_attr``, or the storage's
+        setter for a trial of another process)."""
+        for key, value in self.attrs().items():
+            set_attr(key, value)
+
+
+class PromotionNote(BaseModel):
+    """The promotion as the study remembers it (`autotuner report` shows it)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    promoted: str  # config label: "baseline" or "trial-<n>"
+    trial: int
+    reason: str
+    time: str  # ISO 8601, the manifest's ``created``
+
+
+class StudyRecord(Record):
+    """What the study keeps about itself (Optuna study user attributes, one per field)."""
+
+    KIND = "study record"
+
+    identity: dict[str, str] | None = None  # what must not change within one study
+    # Objective metrics, in the study's direction order
+    objectives: list[str] = Field(default_factory=list)
+    promotion: PromotionNote | None = None
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any], study_name: str) -> StudyRecord:
+        return cls.from_data(attrs, f"study {study_name}")
+
+    def save(self, set_attr: SetAttr) -> None:
+        """Write the fields given to this record (``study.set_user_attr``)."""
+        given = self.model_dump(mode="json", exclude_unset=True, exclude={"schema_version"})
+        for key, value in {"schema_version": self.schema_version, **given}.items():
+            set_attr(key, value)
+
+
+class LevelRecord(BaseModel):
+    """One load level of a launch (part of :class:`TrialFile`)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    load: float  # arrival rate (req/s) or concurrency
+    feasible: bool
+    metrics: dict[str, float | None]
+    margins: dict[str, float | None]  # per constraint key; None = not measurable
+    errors: dict[str, int]
+    engine: dict[str, Any]  # the engine's own metrics over the level
+    result_file: str  # the level's load result, next to trial.json
+
+
+class TrialFile(Record):
+    """``trial.json``: what one launch measured, or why it could not be measured."""
+
+    KIND = "trial file"
+
+    params: dict[str, ParamValue]
+    status: TrialStatus
+    load_kind: Literal["rate", "concurrency"]
+    levels: list[LevelRecord] = Field(default_factory=list)
+    best: int | None = None  # index of the best level that met every constraint
+    reason: str | None = None
+    cause: str | None = None
+    startup_s: float | None = None
+    argv: list[str] = Field(default_factory=list)
+    log_path: str | None = None
+    duration_s: float = 0.0
+    # Wall-clock span, executor, node, GPUs, log tail
+    extra: dict[str, Any] = Field(default_factory=dict)
+    # Derived from the above, written for readers of the file.
+    feasible: bool = False
+    max_load: float | None = None
