@@ -22,7 +22,7 @@ from pathlib import Path
 
 from autotuner import __version__
 from autotuner.core import paths
-from autotuner.core.errors import AutotunerError, InternalError, Interrupted
+from autotuner.core.errors import AutotunerError, BadInput, InternalError, Interrupted
 
 MAX_LINE = 300  # characters of the error's message on the one line
 
@@ -61,7 +61,10 @@ def run(command: Callable[[], int], argv: Sequence[str], *, debug: bool) -> int:
 def _foreign_bad_input(exc: Exception) -> AutotunerError | None:
     """Errors that keep a builtin root yet mean bad input. Hook: a module whose errors can't
     derive from :mod:`autotuner.core.errors` is listed here."""
-    del exc  # none yet
+    from autotuner.records import RecordError  # a record file this autotuner can't read
+
+    if isinstance(exc, RecordError):
+        return BadInput(str(exc))
     return None
 
 

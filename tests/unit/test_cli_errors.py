@@ -253,3 +253,17 @@ def test_readme_documents_every_exit_code_and_where_tracebacks_go() -> None:
     for code in EXIT_CODES:
         assert re.search(rf"`{code}`", section), code
     assert "crash-" in section and "--debug" in section
+
+
+def test_an_unreadable_record_is_bad_input_not_a_bug(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autotuner.records import RecordVersionError
+
+    def fail(*_: Any, **__: Any) -> Any:
+        raise RecordVersionError("m.json", "manifest", 9, (0, 1))
+
+    assert main(_patched("report", tmp_path, monkeypatch, fail)) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: m.json: manifest has schema_version 9, but this autotuner reads")
+    assert not (home / "logs").exists()
