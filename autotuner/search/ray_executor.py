@@ -21,9 +21,9 @@ plus its artifacts, and the study loop on the head node stays the only writer of
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
+import logging
 import os
 import tarfile
 import tempfile
@@ -35,6 +35,8 @@ from autotuner.core.types import ParamValue
 from autotuner.search.executors import gpus_needed
 from autotuner.search.trial import SearchSettings, TrialResult
 from autotuner.sla.spec import Sla
+
+logger = logging.getLogger(__name__)
 
 WORKER_LOST = "worker_lost"
 
@@ -56,6 +58,7 @@ def _gpu_uuids(ids: list[str]) -> list[str]:
         finally:
             pynvml.nvmlShutdown()
     except Exception:
+        logger.debug("no NVML UUIDs for CUDA devices %s", ids, exc_info=True)
         return []
 
 
@@ -209,6 +212,8 @@ class RayExecutor:
         kind: Literal["rate", "concurrency"] = (
             "rate" if arrival_of(self.sla).open_loop else "concurrency"
         )
+        # The reason keeps the first line; the whole error (a remote traceback) goes to the log.
+        logger.info("Ray trial in %s lost: %s", trial_dir, exc)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         result = TrialResult(
             dict(params),
@@ -234,6 +239,8 @@ class RayExecutor:
 
     def close(self) -> None:
         for ref in list(self._pending):
-            with contextlib.suppress(Exception):
+            try:
                 self._ray.cancel(ref, force=True)
+            except Exception:  # already finished, or Ray is shutting down
+                logger.debug("could not cancel Ray task %s", ref, exc_info=True)
         self._pending.clear()
