@@ -22,7 +22,7 @@ import pytest
 from autotuner.bundle.promote import Context, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
-from autotuner.core.paths import atomic_write_text
+from autotuner.records.manifest import Manifest
 from autotuner.search.space import ParamSpec, SearchSpace
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
@@ -110,7 +110,7 @@ class Scenario:
             reason = None if levels[0].feasible else "misses the SLA"
             status = "complete" if reason is None else "stopped_early"
             result = TrialResult(dict(params), status, "rate", levels, best, reason=reason)
-        atomic_write_text(trial_dir / "trial.json", json.dumps(result.to_dict(), indent=2))
+        result.write(trial_dir / "trial.json")  # as run_trial does
         return result
 
     def confirm_run(self, params: Mapping[str, Any], run_dir: Path, load: float) -> TrialResult:
@@ -195,6 +195,9 @@ def test_a_confirmed_win_promotes_the_candidate_and_writes_the_bundle(tmp_path: 
     # What the file says is what promote returned; measurements and provenance are there.
     on_disk = _read_manifest(ctx.study_dir)
     assert on_disk["promoted"] == promoted
+    # ... and it reads back through the typed record every reader uses.
+    typed = Manifest.read(ctx.study_dir / "promoted" / "optimization_manifest.json")
+    assert typed.promoted is not None and typed.promoted.params == promoted["params"]
     search = on_disk["measurements"]["search"]
     assert search["trial"] == 4 and search["max_load_meeting_sla"] == 4.0
     conf = on_disk["measurements"]["confirmation"]
