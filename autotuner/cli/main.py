@@ -9,6 +9,7 @@ compare, engine, model, daemon) and runs inside the one error wrapper of
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from autotuner import __version__
@@ -155,7 +156,27 @@ def main(argv: list[str] | None = None) -> int:
     """The console script. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    _log_to_stderr(debug=args.debug)
     return errors.run(lambda: _dispatch(args), argv, debug=args.debug)
+
+
+def _log_to_stderr(*, debug: bool) -> None:
+    """Library modules log through ``logging`` under ``autotuner``: warnings reach the user's
+    terminal, everything down to debug with ``--debug``. Progress is printed, not logged."""
+    log = logging.getLogger("autotuner")
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

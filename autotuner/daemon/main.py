@@ -1,4 +1,4 @@
-"""`autotuner daemon`, `autotuner submit` and `autotuner status`."""
+"""The daemon's server loop (`autotuner daemon` runs it: :mod:`autotuner.cli.daemon`)."""
 
 from __future__ import annotations
 
@@ -21,14 +21,16 @@ def _log_to_stdout() -> Iterator[None]:
     daemon_log = logging.getLogger("autotuner.daemon")
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S%z"))
-    level = daemon_log.level
+    level, propagate = daemon_log.level, daemon_log.propagate
     daemon_log.addHandler(handler)
     daemon_log.setLevel(logging.INFO)
+    daemon_log.propagate = False  # the CLI's stderr handler on "autotuner" would repeat them
     try:
         yield
     finally:
         daemon_log.removeHandler(handler)
         daemon_log.setLevel(level)
+        daemon_log.propagate = propagate
 
 
 async def serve(config: DaemonConfig, *, ready: asyncio.Event | None = None) -> int:
