@@ -32,29 +32,48 @@ def logs_dir() -> Path:
     return paths.home() / "logs"
 
 
-def run(command: Callable[[], int], argv: Sequence[str], *, debug: bool) -> int:
-    """Run ``command`` (a handler) and turn what escapes it into an exit code."""
+# Told how a command ended: its exit code and the line printed about an error (None on a
+# plain return). The ``--outcome`` file is written through it (autotuner.cli.outcome).
+Report = Callable[[int, str | None], None]
+
+
+def run(
+    command: Callable[[], int],
+    argv: Sequence[str],
+    *,
+    debug: bool,
+    report: Report | None = None,
+) -> int:
+    """Run ``command`` (a handler) and turn what escapes it into an exit code; ``report``,
+    if given, is told the code and the error line before it is returned."""
+    code, line = _ending(command, argv, debug)
+    if report is not None:
+        report(code, line)
+    return code
+
+
+def _ending(command: Callable[[], int], argv: Sequence[str], debug: bool) -> tuple[int, str | None]:
     try:
-        return command()
+        return command(), None
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
         print("interrupted", file=sys.stderr)
-        return Interrupted.exit_code
+        return Interrupted.exit_code, "interrupted"
     except InternalError as exc:
         return _internal(exc, argv, debug)
     except AutotunerError as exc:
         if debug:
             traceback.print_exc()
         print(exc.describe(), file=sys.stderr)
-        return exc.exit_code
+        return exc.exit_code, exc.describe()
     except Exception as exc:
         known = _foreign_bad_input(exc)
         if known is not None:
             if debug:
                 traceback.print_exc()
             print(known.describe(), file=sys.stderr)
-            return known.exit_code
+            return known.exit_code, known.describe()
         return _internal(exc, argv, debug)
 
 
@@ -76,22 +95,22 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _internal(exc: BaseException, argv: Sequence[str], debug: bool) -> int:
+def _internal(exc: BaseException, argv: Sequence[str], debug: bool) -> tuple[int, str]:
     code = InternalError.exit_code
     if debug:
         traceback.print_exception(exc)
-        print(f"internal error: {one_line(exc)}", file=sys.stderr)
-        return code
+        line = f"internal error: {one_line(exc)}"
+        print(line, file=sys.stderr)
+        return code, line
     where = write_traceback(exc, argv)
     if where is None:  # nowhere to write it: the traceback is worth more than one line
         traceback.print_exception(exc)
-        print(f"internal error: {one_line(exc)} (no log file could be written)", file=sys.stderr)
-        return code
-    print(
-        f"internal error: {one_line(exc)} (traceback: {where}; --debug prints it)",
-        file=sys.stderr,
-    )
-    return code
+        line = f"internal error: {one_line(exc)} (no log file could be written)"
+        print(line, file=sys.stderr)
+        return code, line
+    line = f"internal error: {one_line(exc)} (traceback: {where}; --debug prints it)"
+    print(line, file=sys.stderr)
+    return code, line
 
 
 def write_traceback(exc: BaseException, argv: Sequence[str]) -> Path | None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from autotuner import __version__
-from autotuner.cli import errors
+from autotuner.cli import errors, outcome
 from autotuner.core.errors import EXIT_CODES
 
 DEBUG_HELP = "on an internal error, print the traceback instead of writing it to a file"
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--trials-dir", default="trials", help="where run logs go (default: trials)")
     b.add_argument("--json", action="store_true", help="print the result as JSON, not a table")
+    _outcome_flag(b)
 
     t = sub.add_parser("tune", help="search, confirm and promote the best config for an SLA")
     t.add_argument("sla", help="SLA file (YAML)")
@@ -74,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         "--address",
         help="Ray cluster address (e.g. auto, ray://head:10001); default: start a local Ray",
     )
+    _outcome_flag(t)
 
     r = sub.add_parser("report", help="show a study: trials, Pareto front, promoted config")
     r.add_argument("study", help="study directory, SLA file, or study name")
@@ -118,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     ce.add_argument(
         "--fail-on-regression", action="store_true", help="exit 1 on a regression verdict"
     )
+    _outcome_flag(ce)
 
     d = sub.add_parser("daemon", help="run the service: API, queue, schedules, alerts")
     d.add_argument("--config", help="daemon config file (YAML); see docs/daemon.md")
@@ -140,6 +144,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _outcome_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--outcome",
+        metavar="FILE",
+        help="also write how the command ended (met, not_met or error, with the exit code and "
+        "the error line) to this JSON file; the daemon passes it",
+    )
+
+
 def _debug_everywhere(parser: argparse.ArgumentParser) -> None:
     """Accept ``--debug`` after the command too (``autotuner tune x.yaml --debug``)."""
     for action in parser._actions:
@@ -157,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     _log_to_stderr(debug=args.debug)
-    return errors.run(lambda: _dispatch(args), argv, debug=args.debug)
+    where = getattr(args, "outcome", None)
+    report = None if where is None else outcome.writer(args.command, Path(where))
+    return errors.run(lambda: _dispatch(args), argv, debug=args.debug, report=report)
 
 
 def _log_to_stderr(*, debug: bool) -> None:

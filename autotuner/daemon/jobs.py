@@ -5,7 +5,7 @@ Layout under the state directory, per SLA ``S`` and engine environment ``E``:
     slas/S/source.yaml        the SLA as submitted
     slas/S/E.yaml             the SLA pinned to engine E (what jobs run)
     studies/S/E/S/            the Optuna study of S on E and its promoted bundle
-    runs/S/job-N/             re-check and regression runs
+    runs/S/job-N/             re-check and regression runs; every job's outcome.json
     logs/job-N.log            each job's output
 """
 
@@ -50,6 +50,10 @@ class Layout:
     def log(self, job_id: int) -> Path:
         return self.root / "logs" / f"job-{job_id}.log"
 
+    def outcome(self, sla: str, job_id: int) -> Path:
+        """The job's outcome file (``--outcome``): how its command ended."""
+        return self.run_dir(sla, job_id) / "outcome.json"
+
 
 def pinned_yaml(sla: Sla, engine: str) -> str:
     """The SLA with its engine set to the registered environment ``engine`` and every path
@@ -78,6 +82,11 @@ def pin(layout: Layout, row: SlaRow, engine: str) -> None:
 
 def _me() -> list[str]:
     return [sys.executable, "-m", "autotuner"]
+
+
+def outcome_argv(layout: Layout, sla: str, job_id: int) -> list[str]:
+    """What every job's command line ends with: where it writes how it ended."""
+    return ["--outcome", str(layout.outcome(sla, job_id))]
 
 
 def tune_argv(

@@ -7,8 +7,11 @@ service asks it and never switches on the name. A kind's process is ``autotuner 
     recheck     autotuner bench SLA --set    0 met, 1 missed, 3 the engine failed to start
     regression  autotuner compare-engines    0 a verdict (which one is in its result file)
 
-An exit code outside ``results`` is a failure the service retries with backoff, except 2 (bad
-input), which fails the job at once whatever its kind.
+Every command is given ``--outcome FILE`` (records/outcome.py). An exit code in ``results``
+counts only when that file is there and agrees with it: a Python that died before the command
+ran exits 1 too, and must not read as "SLA not met". An exit code outside ``results`` is a
+failure the service retries with backoff, except 2 (bad input) and 70 (internal error), which
+fail the job at once whatever its kind (daemon/ending.py).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Tune(Kind):
 
     def argv(self, d: Daemon, job: Job, row: SlaRow) -> list[str]:
         jobs.pin(d.layout, row, job.engine)
-        return jobs.tune_argv(
+        argv = jobs.tune_argv(
             d.layout,
             job.sla,
             job.engine,
@@ -70,6 +73,7 @@ class Tune(Kind):
             d.config.executor,
             d.config.ray_address,
         )
+        return [*argv, *jobs.outcome_argv(d.layout, job.sla, job.id)]
 
     def finished(self, d: Daemon, job: Job, code: int) -> dict[str, Any]:
         return outcomes.tune_done(d, job, code)
@@ -85,7 +89,8 @@ class Recheck(Kind):
     def argv(self, d: Daemon, job: Job, row: SlaRow) -> list[str]:
         p = row.promotion
         assert p is not None  # cannot_run said so
-        return jobs.recheck_argv(d.layout, job.sla, p["engine"], job.id, p["params"])
+        argv = jobs.recheck_argv(d.layout, job.sla, p["engine"], job.id, p["params"])
+        return [*argv, *jobs.outcome_argv(d.layout, job.sla, job.id)]
 
     def finished(self, d: Daemon, job: Job, code: int) -> dict[str, Any]:
         return outcomes.recheck_done(d, job, code)
@@ -98,7 +103,7 @@ class Regression(Kind):
     def argv(self, d: Daemon, job: Job, row: SlaRow) -> list[str]:
         old, new = str(job.args["old"]), str(job.args["new"])
         jobs.pin(d.layout, row, new)
-        return jobs.regression_argv(
+        argv = jobs.regression_argv(
             d.layout,
             job.sla,
             old,
@@ -107,6 +112,7 @@ class Regression(Kind):
             d.config.regression.replicates,
             d.config.regression.min_effect,
         )
+        return [*argv, *jobs.outcome_argv(d.layout, job.sla, job.id)]
 
     def finished(self, d: Daemon, job: Job, code: int) -> dict[str, Any]:
         return outcomes.regression_done(d, job, code)

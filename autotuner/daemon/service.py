@@ -27,7 +27,7 @@ import psutil
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.procs import set_parent_death_signal
-from autotuner.daemon import alerts, jobs, kinds, spool, watch
+from autotuner.daemon import alerts, ending, jobs, kinds, spool, watch
 from autotuner.daemon.config import DaemonConfig, check_cron, next_run
 from autotuner.daemon.errors import AlreadyRunning, SubmitError, UnknownJobKind
 from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
@@ -366,6 +366,8 @@ class Daemon:
         jobs.pin(self.layout, row, engine)
 
     async def _start(self, job: Job, argv: list[str], devices: list[str]) -> None:
+        # An earlier attempt's outcome file must not vouch for this one.
+        self.layout.outcome(job.sla, job.id).unlink(missing_ok=True)
         log_path = self.layout.log(job.id)
         log = log_path.open("ab")
         log.write(
@@ -423,18 +425,20 @@ class Daemon:
             self.store.requeue(job.id, error="interrupted: the daemon was stopped")
             return
         interrupted = code in (130, -signal.SIGTERM, -signal.SIGKILL)
-        if code == 2:
-            self.store.finish(job.id, "failed", exit_code=code, error=self._tail(job.id))
+        kind = kinds.get(job.kind)
+        end = ending.judge(code, kind.results, self.layout.outcome(job.sla, job.id))
+        if end.verdict == "failed":  # bad input, a crash, or a result nothing vouches for
+            error = "\n".join(filter(None, [end.why, self._tail(job.id)]))
+            self.store.finish(job.id, "failed", exit_code=code, error=error)
             self.alert(
                 "job_failed",
                 job.sla,
                 "warning",
-                f"job {job.id} ({job.kind}) was refused: bad input",
-                {"job": job.id},
+                f"job {job.id} ({job.kind}) {end.why}",
+                {"job": job.id, "exit_code": code},
             )
             return
-        kind = kinds.get(job.kind)
-        if code not in kind.results:
+        if end.verdict == "retry":
             if job.attempts < self.config.max_attempts:
                 delay = 30.0 * 2 ** (job.attempts - 1)
                 self.store.requeue(

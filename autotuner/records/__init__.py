@@ -20,6 +20,8 @@ ReplicateLine               replicates.jsonl                     regress (resume
 EngineRegistry              <home>/engines/registry.json         engines.envs
 SynthMarker                 <model dir>/autotuner-synth.json     models.synth
 DaemonInfo                  <daemon state>/daemon.json           daemon service / daemon client
+JobOutcome                  the file named by --outcome (tune,   cli.outcome / daemon
+                            bench, compare-engines)
 ==========================  ===================================  =============================
 """
 
