@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from autotuner.core.errors import EngineStartFailed
+from autotuner.core.options import EnvRule, OptionRule
 from autotuner.core.types import Device, Params, ParamValue
 
 if TYPE_CHECKING:
@@ -263,12 +264,21 @@ class EngineAdapter(Protocol):
     people; ``space_name`` names ``search_spaces/<space_name>*.yaml``; ``reserved_params``
     maps the options the tuner sets itself (snake_case) to why; ``random_weights`` are the
     options that load random weights (architecture-only models).
+
+    What an SLA may pass the engine is allow-listed (it runs as the tuner's user): ``options``
+    are the options an SLA may fix besides those its search space declares, with the values
+    they take; ``env_vars`` the environment variables it may set, with the values they take;
+    ``reserved_env`` the variables the engine process sets itself, last (leased devices), and
+    why.
     """
 
     kind: str
     display_name: str
     space_name: str
     reserved_params: Mapping[str, str]
+    options: Mapping[str, OptionRule]
+    env_vars: Mapping[str, EnvRule]
+    reserved_env: Mapping[str, str]
     random_weights: Mapping[str, ParamValue]
     metrics: MetricNames
     crash_traits: CrashTraits
@@ -281,6 +291,19 @@ class EngineAdapter(Protocol):
 
     def check_extra_args(self, args: Sequence[str]) -> None:
         """Raise ValueError when literal arguments would set a reserved flag."""
+        ...
+
+    def check_sla_args(
+        self, args: Sequence[str], rules: Mapping[str, OptionRule]
+    ) -> list[tuple[int, str]]:
+        """``(index, why)`` for each refused word of an SLA's ``engine.args``: options not in
+        ``rules`` (the space's and :attr:`options`), reserved flags in any spelling, values
+        their rule refuses."""
+        ...
+
+    def check_env(self, env: Mapping[str, str]) -> list[tuple[str, str]]:
+        """``(name, why)`` for each variable of an SLA's ``engine.env`` that is refused: not in
+        :attr:`env_vars`, in :attr:`reserved_env`, or a value of the wrong shape."""
         ...
 
     def process(self, spec: LaunchSpec) -> EngineProcess:

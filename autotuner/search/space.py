@@ -27,6 +27,7 @@ Specifiers are comma-separated clauses: ``>= <= > < == != ~=``, ``==X.Y.*``.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import re
@@ -40,6 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotuner.core.errors import BadInput
+from autotuner.core.options import OptionRule
 
 if TYPE_CHECKING:
     import optuna
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Condition",
+    "DeclaredOptions",
     "Dropped",
     "Override",
     "ParamOverride",
@@ -57,6 +60,7 @@ __all__ = [
     "SpaceError",
     "load_space",
     "load_space_for",
+    "newest_declarations",
     "parse_version",
     "space_file",
     "spaces_dir",
@@ -248,6 +252,14 @@ class _Not(_Strict):
     not_: list[ParamValue] = Field(alias="not")
 
 
+class _Limits(_Strict):
+    """What the engine accepts for a number (inclusive; None: open): a fixed value, a
+    widened range or a listed value must stay inside, wider than the search range."""
+
+    low: int | float | None = None
+    high: int | float | None = None
+
+
 class _Decl(_Strict):
     name: str
     type: ParamType
@@ -265,6 +277,7 @@ class _Decl(_Strict):
     when: dict[str, list[ParamValue] | _Not] = Field(default_factory=dict)
     superseded_by: str | None = None
     search: bool = True
+    limits: _Limits | None = None
     why: str = ""
 
 
@@ -512,6 +525,44 @@ def _read(path: Path) -> _File:
     return spec
 
 
+@dataclass(frozen=True)
+class DeclaredOptions:
+    """The options one space file declares, as rules for the values an SLA may give them.
+
+    ``file`` is where they come from, ``versions`` the releases it covers.
+    """
+
+    file: Path
+    versions: str
+    rules: dict[str, OptionRule]
+
+
+def newest_declarations(engine: str, *, directory: Path | None = None) -> DeclaredOptions:
+    """The declarations of ``engine``'s space for its newest releases: the file whose
+    ``versions`` has no upper end (else the last by name).
+
+    For checks made before the engine's version is known (``autotuner check``, a submission):
+    types, limits and choices; whether the version in use has an option is decided by
+    :func:`load_space` when tuning.
+    """
+    base = directory or spaces_dir()
+    files = sorted({*base.glob(f"{engine}.yaml"), *base.glob(f"{engine}-*.yaml")})
+    if not files:
+        raise SpaceError([f"no search space for engine {engine!r} in {base}"])
+    stamps = tuple((f, f.stat().st_mtime_ns) for f in files)
+    return _newest(engine, stamps)
+
+
+@functools.lru_cache(maxsize=8)
+def _newest(engine: str, stamps: tuple[tuple[Path, int], ...]) -> DeclaredOptions:
+    specs = [(f, _read(f)) for f, _ in stamps]
+    open_ended = [(f, s) for f, s in specs if version_in((1_000_000,), s.versions)]
+    file, spec = open_ended[-1] if open_ended else specs[-1]
+    where = f"{file.parent.name}/{file.name}"
+    rules = {d.name: _option_rule(d, where) for d in spec.params}
+    return DeclaredOptions(file, spec.versions, rules)
+
+
 def space_file(engine: str, version: str, *, directory: Path | None = None) -> Path:
     """The ``<engine>.yaml`` / ``<engine>-*.yaml`` file whose ``versions`` covers ``version``."""
     base = directory or spaces_dir()
@@ -570,8 +621,49 @@ def _check_file(spec: _File) -> list[str]:
                 problems.append(f"{at}.when: {parent!r} is {where}")
         if d.superseded_by is not None and d.superseded_by not in all_names:
             problems.append(f"{at}.superseded_by: {d.superseded_by!r} is not declared")
+        if d.limits is not None:
+            problems += [f"{at}.limits: {p}" for p in _check_limits(d, d.limits)]
         seen.add(d.name)
     return problems
+
+
+def _check_limits(d: _Decl, limits: _Limits) -> list[str]:
+    """Limits belong to numbers, are ordered, and hold every value the file itself names."""
+    if d.type not in ("int", "float"):
+        return [f"only an int or float has limits, not a {d.type}"]
+    problems = [
+        f"bound {_show(b)} is not {_kind(d.type)}"
+        for b in (limits.low, limits.high)
+        if b is not None and not _check_type(d.type, b)
+    ]
+    if limits.low is not None and limits.high is not None and limits.low > limits.high:
+        problems.append(f"low ({limits.low}) > high ({limits.high})")
+    if problems:
+        return problems
+    rule = _option_rule(d)
+    named: list[ParamValue] = [d.low, d.high, d.default, *(d.choices or [])]
+    for v in d.per_device.values():
+        named += [v.low, v.high, v.fixed, *(v.choices or [])]
+    return [
+        f"{_show(x)}, named in the file, is outside them"
+        for x in named
+        if x is not None and rule.problem(x) is not None
+    ]
+
+
+def _option_rule(d: _Decl, source: str = "") -> OptionRule:
+    """What a value of ``d`` set by an SLA may be: its type, its limits, and for a categorical
+    one of the choices the file lists on any device."""
+    choices: tuple[ParamValue, ...] | None = None
+    if d.type == "categorical":
+        listed: list[ParamValue] = []
+        for c in [*(d.choices or []), *(c for v in d.per_device.values() for c in v.choices or [])]:
+            if not _member(c, listed):
+                listed.append(c)
+        choices = tuple(listed)
+    low = d.limits.low if d.limits is not None else None
+    high = d.limits.high if d.limits is not None else None
+    return OptionRule(d.type, low, high, choices, source)
 
 
 def _check_domain(d: _Decl, v: _Decl | _Variant) -> list[str]:
@@ -637,6 +729,13 @@ def _unmet(req: _Requirement, value: ParamValue, ctx: _Context) -> str | None:
     ):
         return f"needs one of the CPU flags {', '.join(req.cpu_flags_any)}"
     return None
+
+
+def _outside_limits(d: _Decl, value: ParamValue) -> str | None:
+    """Why a number the SLA gives is outside what the engine accepts (None: inside)."""
+    if d.limits is None or not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    return _option_rule(d).problem(value)
 
 
 def _is_lossy(d: _Decl, value: ParamValue) -> bool:
@@ -755,6 +854,9 @@ class _Resolver:
         if not _check_type(d.type, value):
             self.problems.append(f"{at}.fixed: {_show(value)} is not {_kind(d.type)}")
             return
+        if (why := _outside_limits(d, value)) is not None:
+            self.problems.append(f"{at}.fixed: {why}")
+            return
         if _is_lossy(d, value) and not self.ctx.allow_lossy:
             self.problems.append(
                 f"{at}.fixed: {_show(value)} changes outputs; set search.allow_lossy: true"
@@ -775,6 +877,10 @@ class _Resolver:
             bad = [v for v in ov.values if not _check_type(d.type, v)]
             if bad:
                 self.problems.append(f"{at}.values: {_show(bad[0])} is not {_kind(d.type)}")
+                return None
+            outside = [w for v in ov.values if (w := _outside_limits(d, v)) is not None]
+            if outside:
+                self.problems.append(f"{at}.values: {outside[0]}")
                 return None
             lossy = [v for v in ov.values if _is_lossy(d, v)]
             if lossy and not ctx.allow_lossy:
@@ -806,6 +912,10 @@ class _Resolver:
             if log and low <= 0:
                 self.problems.append(f"{at}: a log range needs low > 0")
                 return None
+            for name, bound in (("low", ov.low), ("high", ov.high)):
+                if bound is not None and (why := _outside_limits(d, bound)) is not None:
+                    self.problems.append(f"{at}.{name}: {why}")
+                    return None
         else:
             kept: list[ParamValue] = []
             for c in choices:

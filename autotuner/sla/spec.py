@@ -343,6 +343,16 @@ class EngineSpec(_Strict):
             raise _fail("give at most one of 'name' or 'python'")
         return self
 
+    @model_validator(mode="after")
+    def _allowed(self) -> EngineSpec:
+        # The engine runs as our user: only allow-listed options and variables reach it.
+        from autotuner.sla import allowed
+
+        problems = allowed.engine_problems(self.kind, self.params, self.args, self.env)
+        if problems:
+            raise _fail_all(problems)
+        return self
+
 
 # --------------------------------------------------------------------------- target
 
@@ -811,6 +821,15 @@ class Sla(_Strict):
         if problems:
             raise _fail_all(problems)
         return v
+
+    @model_validator(mode="after")
+    def _search_values(self) -> Sla:
+        from autotuner.sla import allowed
+
+        problems = allowed.search_problems(self.engine.kind, self.search, self.engine.params)
+        if problems:
+            raise _fail_all(problems)
+        return self
 
     @model_validator(mode="after")
     def _grid_has_values(self) -> Sla:

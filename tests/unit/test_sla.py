@@ -96,7 +96,8 @@ def test_round_trip_rich() -> None:
         """\
         name: rich
         model: {path: ./m, served_name: m}
-        engine: {python: /usr/bin/python3, args: [--x, 3], env: {A: "1"}, params: {b: 1.5}}
+        engine: {python: /usr/bin/python3, args: [--seed, 3], env: {OMP_NUM_THREADS: "1"},
+                 params: {swap_space: 1.5}}
         target: {gpu: [0, "GPU-abc"]}
         workload:
           api: chat
@@ -138,10 +139,12 @@ def test_empty_sections_mean_defaults() -> None:
 def test_yaml_anchors_and_merge_keys() -> None:
     sla = parse_sla(
         MINIMAL
-        + "engine:\n  env: &common {A: x, B: y}\n  params:\n    <<: {a: 1, b: 2}\n    b: 3\n"
+        # Names from the allow-lists (engine.env and engine.params refuse any others).
+        + "engine:\n  env: &common {OMP_NUM_THREADS: '2', MKL_NUM_THREADS: '3'}\n"
+        + "  params:\n    <<: {seed: 1, max_model_len: 2}\n    max_model_len: 3\n"
     )
-    assert sla.engine.env == {"A": "x", "B": "y"}
-    assert sla.engine.params == {"a": 1, "b": 3}
+    assert sla.engine.env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "3"}
+    assert sla.engine.params == {"seed": 1, "max_model_len": 3}
 
 
 def test_args_and_env_numbers_become_strings() -> None:

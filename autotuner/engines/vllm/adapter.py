@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autotuner.core.hardware import HardwareProfile
+from autotuner.core.options import EnvRule, OptionRule
 from autotuner.core.types import Device, Params, ParamValue
 from autotuner.engines.base import (
     DeployRenderer,
@@ -21,6 +22,7 @@ from autotuner.engines.base import (
 )
 from autotuner.engines.vllm import defaults as _defaults
 from autotuner.engines.vllm import flags, logs, memory, rules
+from autotuner.engines.vllm import options as _options
 from autotuner.engines.vllm.deploy import VllmDeploy
 from autotuner.engines.vllm.launcher import PYTHON_VAR, SERVER_MODULE, VllmEngine
 from autotuner.engines.vllm.metrics import METRICS
@@ -51,6 +53,9 @@ class VllmAdapter:
     display_name = "vLLM"
     space_name = "vllm"
     reserved_params: Mapping[str, str] = flags.RESERVED_PARAMS
+    options: Mapping[str, OptionRule] = _options.OPTIONS
+    env_vars: Mapping[str, EnvRule] = _options.ENV_VARS
+    reserved_env: Mapping[str, str] = _options.RESERVED_ENV
     # Architecture-only models (no weights on disk) load random weights.
     random_weights: Mapping[str, ParamValue] = {"load_format": "dummy"}
     metrics = METRICS
@@ -63,6 +68,14 @@ class VllmAdapter:
 
     def check_extra_args(self, args: Sequence[str]) -> None:
         flags.check_extra_args(args)
+
+    def check_sla_args(
+        self, args: Sequence[str], rules: Mapping[str, OptionRule]
+    ) -> list[tuple[int, str]]:
+        return _options.check_args(args, rules)
+
+    def check_env(self, env: Mapping[str, str]) -> list[tuple[str, str]]:
+        return _options.check_env(env)
 
     def process(self, spec: LaunchSpec) -> EngineProcess:
         return VllmEngine(

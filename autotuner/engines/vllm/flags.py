@@ -52,8 +52,21 @@ def params_to_args(params: Params) -> list[str]:
     return args
 
 
+# Reads further arguments from a file, which could carry any of the flags above.
+FILE_FLAGS: frozenset[str] = frozenset({"--config"})
+
+
 def check_extra_args(args: Sequence[str]) -> None:
-    """Refuse literal arguments (``--port``, ``--host=...``) that would rebind the server."""
+    """Refuse literal arguments (``--port``, ``--host=...``) that would rebind the server, in
+    every spelling vLLM reads: ``--served_model_name`` (underscores) and abbreviations such as
+    ``--hos`` (argparse takes unambiguous prefixes); and ``--config`` (more flags from a file).
+    """
     for arg in args:
-        if arg.split("=", 1)[0] in RESERVED_FLAGS:
+        head = arg.split("=", 1)[0]
+        if not head.startswith("--") or head == "--":
+            continue
+        flag = "--" + head[2:].split(".", 1)[0].replace("_", "-")
+        if flag in FILE_FLAGS:
+            raise ValueError(f"engine argument {arg!r} reads flags from a file and is refused")
+        if any(owned.startswith(flag) for owned in RESERVED_FLAGS):
             raise ValueError(f"engine argument {arg!r} is set by the tuner and cannot be given")

@@ -16,6 +16,7 @@ from autotuner.engines.base import LaunchCause
 from autotuner.engines.process import ServerProcess
 from autotuner.engines.vllm.flags import check_extra_args, params_to_args
 from autotuner.engines.vllm.logs import classify_failure
+from autotuner.engines.vllm.options import RESERVED_ENV
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Forces the engine interpreter (engines/envs.py); the engine itself must not see it.
@@ -72,15 +73,17 @@ class VllmEngine(ServerProcess):
 
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.update({k: v for k, v in self.env.items() if k not in RESERVED_ENV})
+        # What the tuner owns comes last, so that nothing the SLA sets can override it.
+        env.pop(PYTHON_VAR, None)
         # Nothing may be fetched from a hub; a generated or local model is all there is.
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        env.pop(PYTHON_VAR, None)
+        # The lease: only the devices leased for this run are visible.
         if self.cuda_devices is None:
             env["CUDA_VISIBLE_DEVICES"] = ""
         else:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.cuda_devices)
-        env.update(self.env)
         return env
 
     def classify_failure(self, log_tail: str) -> LaunchCause:
