@@ -21,12 +21,18 @@ from autotuner.records.daemon import DaemonInfo
 
 
 def main_daemon(
-    config_path: str | None, state_dir: str | None, host: str | None, port: int | None
+    config_path: str | None,
+    state_dir: str | None,
+    host: str | None,
+    port: int | None,
+    allowed_paths: list[str] | None = None,
 ) -> int:
     from autotuner.daemon.main import serve
 
     try:
-        config = load_config(config_path, state_dir=state_dir, host=host, port=port)
+        config = load_config(
+            config_path, state_dir=state_dir, host=host, port=port, allowed_paths=allowed_paths
+        )
     except ConfigError as exc:  # its lines name the file and the field: no "error:" prefix
         print(exc, file=sys.stderr)
         return 2
@@ -131,8 +137,9 @@ def main_status(
         print(json.dumps(data, indent=2))
         return 0
     d = data["daemon"]
+    bound = f" (bound to {d['bind']})" if d.get("bind") and d["bind"] not in d["url"] else ""
     print(
-        f"daemon pid {d['pid']} at {d['url']}, up since {_age(d['started'])}, "
+        f"daemon pid {d['pid']} at {d['url']}{bound}, up since {_age(d['started'])}, "
         f"state {d['state_dir']}"
     )
     print(f"\nrunning ({len(data['running'])}):")
@@ -162,6 +169,12 @@ def main_status(
             else "nothing promoted yet"
         )
         print(f"  {s['name']}: {prom}; next check {_age(s['next_check'])} ({s['schedule']})")
+    refused = data.get("spool") or {}
+    if refused.get("rejected"):
+        print(f"\nspool: {refused['rejected']} files refused (see spool/failed/*.error.txt)")
+        for r in refused.get("recent", []):
+            first = (r.get("errors") or ["refused"])[0]
+            print(f"  {_age(r['time'])} {r['file']}: {first}")
     print("\nlast alerts:")
     for a in data["alerts"][:5]:
         sent = "sent" if a["delivered"] == 1 else ("gave up" if a["delivered"] < 0 else "pending")

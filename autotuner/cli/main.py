@@ -128,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--state-dir", help="queue, token, spool, studies (default: under home)")
     d.add_argument("--host", help="bind address (default 127.0.0.1)")
     d.add_argument("--port", type=int, help="port (default 8787; 0 picks a free one)")
+    d.add_argument(
+        "--allow-path",
+        action="append",
+        metavar="DIR",
+        help="a directory submitted SLAs may name models and datasets under (repeatable; "
+        "replaces allowed_paths of the config)",
+    )
 
     for name, text in (("submit", "queue SLA files on the daemon"), ("status", "daemon status")):
         c2 = sub.add_parser(name, help=text)
@@ -222,7 +229,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from autotuner.cli import daemon as dm
 
         if args.command == "daemon":
-            return dm.main_daemon(args.config, args.state_dir, args.host, args.port)
+            return dm.main_daemon(
+                args.config, args.state_dir, args.host, args.port, args.allow_path
+            )
         if args.command == "submit":
             return dm.main_submit(
                 args.files,

@@ -1,13 +1,16 @@
 """The daemon's HTTP API (aiohttp). Every request needs ``Authorization: Bearer <token>``.
 
-The token is in ``<state_dir>/token`` (mode 0600): no header gives 401, a wrong token 403.
-Bodies larger than ``max_request_bytes`` get 413 before they are read. ``GET /v1/openapi.json``
-describes every route.
+The admin token is in ``<state_dir>/token``, the read-only one (``GET /metrics`` only) in
+``<state_dir>/metrics_token`` (both mode 0600; :mod:`autotuner.daemon.tokens`): no header or
+a malformed one gives 401, a wrong token 403, the metrics token anywhere else 403. Bodies
+larger than ``max_request_bytes`` get 413 before they are read; numbers in queries and paths
+outside their bounds get 400. An SLA is validated on a thread of its own, so a slow parse
+never stalls the other requests. ``GET /v1/openapi.json`` describes every route.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,9 +19,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from autotuner import __version__
+from autotuner.daemon import tokens
 from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.metrics import make_registry, render
-from autotuner.daemon.service import Daemon
+from autotuner.daemon.offload import off_loop
+from autotuner.daemon.service import MAX_EXTRA_TRIALS, MAX_PRIORITY, Daemon
+
+PARSE_TIMEOUT_S = 60.0  # an SLA whose validation takes longer is refused (503)
+MAX_LIMIT = 100_000  # ?limit= of the listings
+MAX_ID = 2**63 - 1  # SQLite's largest integer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon", Daemon)
@@ -43,8 +52,18 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         return resp
     scheme, _, given = header.partition(" ")
     given = given.strip()
-    if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given, daemon.token):
+    if scheme.lower() != "bearer" or not given:
         return _error(403, ["invalid token"])
+    try:
+        scope = tokens.scope_of(given, {"admin": daemon.token, "metrics": daemon.metrics_token})
+    except tokens.MalformedToken as exc:
+        resp = _error(401, [f"malformed bearer token: {exc}"])
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="autotuner", error="invalid_token"'
+        return resp
+    if scope is None:
+        return _error(403, ["invalid token"])
+    if not tokens.allows(scope, request.method, request.path):
+        return _error(403, ["this token may only read /metrics"])
     return await handler(request)
 
 
@@ -59,21 +78,34 @@ async def _size_limit(request: web.Request, handler: Handler) -> web.StreamRespo
         return _error(413, [f"request body exceeds {limit} bytes"])
 
 
-def _int_param(request: web.Request, name: str, default: int) -> int:
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(
+        text=json.dumps({"error": message, "errors": [message]}), content_type="application/json"
+    )
+
+
+def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
+    if len(raw) > 40:  # int() of a huge string is slow, and the value is out of bounds anyway
+        raise _bad_request(f"{name} must be an integer between {low} and {high}")
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": f"{name} must be an integer", "errors": []}),
             content_type="application/json",
         ) from None
+    if not low <= value <= high:
+        raise _bad_request(f"{name} must be an integer between {low} and {high}, got {value}")
+    return value
 
 
 async def submit(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
+    # every check before any write: a bad priority must not leave an SLA without its job
+    priority = _int_param(request, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY)
     body = await request.read()
     try:
         text = body.decode("utf-8")
@@ -81,15 +113,21 @@ async def submit(request: web.Request) -> web.Response:
         return _error(400, ["body must be UTF-8 YAML"])
     source = request.query.get("source", "submission.yaml")
     try:
-        result = daemon.submit(
-            text,
-            source=source,
-            base_dir=None,
-            priority=_int_param(request, "priority", 0),
-            schedule=request.query.get("schedule"),
+        prepared = await asyncio.wait_for(
+            off_loop(
+                daemon.prepare,
+                text,
+                source=source,
+                base_dir=None,
+                schedule=request.query.get("schedule"),
+            ),
+            PARSE_TIMEOUT_S,
         )
+        result = daemon.register(prepared, priority=priority)
     except SubmitError as exc:
         return _error(exc.status, exc.messages)
+    except TimeoutError:
+        return _error(503, [f"{source}: validating it took over {PARSE_TIMEOUT_S:.0f} s"])
     return web.json_response(result, status=201 if result["created"] else 200)
 
 
@@ -118,7 +156,7 @@ async def action(request: web.Request) -> web.Response:
     name, what = request.match_info["name"], request.match_info["action"]
     try:
         if what == "tune":
-            job = daemon.tune_now(name, extra=_int_param(request, "trials", 0))
+            job = daemon.tune_now(name, extra=_int_param(request, "trials", 0, 0, MAX_EXTRA_TRIALS))
         else:
             job = daemon.check_now(name)
     except SubmitError as exc:
@@ -128,7 +166,8 @@ async def action(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     states = tuple(s for s in request.query.get("state", "").split(",") if s)
-    jobs = request.app[DAEMON].list_jobs(states, limit=_int_param(request, "limit", 200))
+    limit = _int_param(request, "limit", 200, 0, MAX_LIMIT)
+    jobs = request.app[DAEMON].list_jobs(states, limit=limit)
     return web.json_response([j.to_dict() for j in jobs])
 
 
@@ -151,10 +190,14 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 
 def _job_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
     try:
-        return int(request.match_info["id"])
+        value = int(raw) if len(raw) <= 40 else None
     except ValueError:
         raise web.HTTPNotFound() from None
+    if value is None or not -MAX_ID <= value <= MAX_ID:
+        raise _bad_request(f"job id out of range: at most {MAX_ID}")
+    return value
 
 
 async def status(request: web.Request) -> web.Response:
@@ -162,7 +205,7 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def list_alerts(request: web.Request) -> web.Response:
-    limit = _int_param(request, "limit", 100)
+    limit = _int_param(request, "limit", 100, 0, MAX_LIMIT)
     return web.json_response(request.app[DAEMON].list_alerts(limit=limit))
 
 
@@ -208,7 +251,19 @@ def _op(summary: str, **extra: Any) -> dict[str, Any]:
 
 
 _NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
-_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}]
+_ID = [
+    {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "integer", "minimum": -MAX_ID, "maximum": MAX_ID},
+    }
+]
+_LIMIT = {
+    "name": "limit",
+    "in": "query",
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
+}
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
@@ -220,7 +275,15 @@ OPENAPI: dict[str, Any] = {
             "post": _op(
                 "Submit an SLA (YAML body); queues its study",
                 parameters=[
-                    {"name": "priority", "in": "query", "schema": {"type": "integer"}},
+                    {
+                        "name": "priority",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": -MAX_PRIORITY,
+                            "maximum": MAX_PRIORITY,
+                        },
+                    },
                     {
                         "name": "schedule",
                         "in": "query",
@@ -259,7 +322,7 @@ OPENAPI: dict[str, Any] = {
                     {
                         "name": "trials",
                         "in": "query",
-                        "schema": {"type": "integer"},
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_EXTRA_TRIALS},
                         "description": "launches to add to the study's budget",
                     },
                 ],
@@ -275,7 +338,8 @@ OPENAPI: dict[str, Any] = {
                         "in": "query",
                         "schema": {"type": "string"},
                         "description": "comma-separated: queued,running,done,failed,cancelled",
-                    }
+                    },
+                    _LIMIT,
                 ],
             )
         },
@@ -285,9 +349,16 @@ OPENAPI: dict[str, Any] = {
         },
         "/v1/jobs/{id}/cancel": {"post": _op("Cancel a job", parameters=_ID)},
         "/v1/status": {"get": _op("Queue, running jobs, device leases, promotions, alerts")},
-        "/v1/alerts": {"get": _op("Alerts, newest first, with delivery state")},
+        "/v1/alerts": {
+            "get": _op("Alerts, newest first, with delivery state", parameters=[_LIMIT])
+        },
         "/v1/engines": {"get": _op("Engine environments and the versions last seen")},
         "/v1/openapi.json": {"get": _op("This description")},
-        "/metrics": {"get": _op("Prometheus metrics (text exposition format)")},
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics (text exposition format); the read-only metrics token "
+                "(STATE_DIR/metrics_token) is enough here and nowhere else"
+            )
+        },
     },
 }

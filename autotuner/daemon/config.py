@@ -14,6 +14,9 @@ from autotuner.core import paths
 from autotuner.core.errors import BadInput
 
 DEFAULT_PORT = 8787
+# The largest SLA the daemon takes, by any road: an HTTP body (413 beyond it), a spool file
+# (refused unread) and the text kept in daemon.db. ``max_request_bytes`` sets it.
+MAX_SLA_BYTES = 1 << 20
 
 
 class _Strict(BaseModel):
@@ -61,7 +64,14 @@ class DaemonConfig(_Strict):
     schedule: str = "0 2 * * *"  # nightly re-check of every SLA; per SLA overridable at submit
     spool_poll_s: float = Field(default=2.0, gt=0)
     engine_poll_s: float = Field(default=300.0, gt=0)  # how often engines are re-probed
-    max_request_bytes: int = Field(default=1 << 20, ge=1024)
+    max_request_bytes: int = Field(default=MAX_SLA_BYTES, ge=1024)
+    # Where model.path and workload.dataset of SLAs that come in over HTTP or the spool may
+    # point (absolute directories; STATE_DIR/spool/ always counts). The local CLI is not
+    # confined: it runs as its user anyway.
+    allowed_paths: list[Path] = Field(default_factory=list)
+    # Host-wide device leases: one lock file per device, shared by every daemon on the host
+    # (default: $AUTOTUNER_LEASE_DIR, else /run/lock/autotuner, else $XDG_RUNTIME_DIR).
+    lease_dir: Path | None = None
     retune_trials: int = Field(default=0, ge=0)  # launches a re-tune adds (0: tune.trials)
     max_attempts: int = Field(default=3, ge=1)  # a job that crashes is retried this often
     exclude_gpus: list[str] = Field(default_factory=list)  # indices or UUIDs never leased
@@ -83,6 +93,19 @@ class DaemonConfig(_Strict):
     @classmethod
     def _abs(cls, v: Path) -> Path:
         return v.expanduser().resolve()
+
+    @field_validator("allowed_paths")
+    @classmethod
+    def _abs_roots(cls, v: list[Path]) -> list[Path]:
+        for p in v:
+            if not p.expanduser().is_absolute():
+                raise ValueError(f"must be absolute directories, got {str(p)!r}")
+        return [p.expanduser().resolve() for p in v]
+
+    @field_validator("lease_dir")
+    @classmethod
+    def _abs_lease_dir(cls, v: Path | None) -> Path | None:
+        return None if v is None else v.expanduser().resolve()
 
 
 class ConfigError(BadInput):

@@ -6,6 +6,9 @@ config, not held by another job, shows no compute process of anyone else, and â€
 job released it â€” NVML shows its memory back under the idle threshold (an engine's memory is
 freed some time after its process group is gone; a trial started earlier would measure
 less memory than it has and could fail with out-of-memory).
+
+Leases are host-wide: with ``host`` locks (:mod:`autotuner.daemon.hostlocks`), a device
+another daemon on the host holds is not leasable either, whatever its state directory.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from autotuner.core.errors import BadInput
+from autotuner.daemon.hostlocks import DeviceBusy, HostLocks
 
 
 class GpuView(Protocol):
@@ -83,6 +87,7 @@ class Leases:
     holders: dict[str, int] = field(default_factory=dict)  # device -> job id
     draining: dict[str, float] = field(default_factory=dict)  # device -> released at
     stuck: set[str] = field(default_factory=set)  # never freed after a release
+    host: HostLocks | None = None  # host-wide locks shared with other daemons
 
     def devices_for(self, target_kind: str, devices: Sequence[str]) -> list[str]:
         """Canonical device names for an SLA target; raises LeaseError when impossible."""
@@ -106,6 +111,14 @@ class Leases:
         for dev in wanted:
             if dev in self.holders:
                 return f"{dev} is leased to job {self.holders[dev]}"
+            if self.host is not None:
+                try:
+                    free = self.host.free(dev)
+                except OSError as exc:
+                    return f"{dev}: its host-wide lock file can't be used: {exc}"
+                if not free:
+                    who = self.host.holder(dev)
+                    return f"{dev} is leased by another autotuner daemon on this host ({who})"
             if dev == "cpu" or self.gpus is None:
                 continue
             index = dev.removeprefix("gpu")
@@ -123,17 +136,37 @@ class Leases:
         return None
 
     def acquire(self, wanted: Sequence[str], job_id: int) -> None:
+        """Lease ``wanted`` to ``job_id``, all or none. Raises DeviceBusy when another daemon
+        on the host took one of them since ``available`` said yes."""
         for dev in wanted:
             if dev in self.holders:
                 raise RuntimeError(f"{dev} already leased to job {self.holders[dev]}")
+        taken: list[str] = []
+        for dev in wanted:
+            if self.host is not None:
+                try:
+                    ok = self.host.take(dev)
+                except OSError as exc:
+                    ok, why = False, f"{dev}: its host-wide lock file can't be used: {exc}"
+                else:
+                    why = f"{dev} is leased by another autotuner daemon on this host"
+                if not ok:
+                    for t in taken:
+                        self.host.drop(t)
+                    raise DeviceBusy(why)
+                taken.append(dev)
         for dev in wanted:
             self.holders[dev] = job_id
 
-    def release(self, job_id: int) -> None:
+    def release(self, job_id: int, *, used: bool = True) -> None:
+        """Free the devices of ``job_id``; ``used=False`` when its process never started (a
+        GPU needs no time to drain then)."""
         for dev, holder in list(self.holders.items()):
             if holder == job_id:
                 del self.holders[dev]
-                if dev != "cpu":
+                if self.host is not None:
+                    self.host.drop(dev)
+                if dev != "cpu" and used:
                     self.draining[dev] = time.monotonic()
 
     def snapshot(self) -> dict[str, object]:
@@ -142,6 +175,7 @@ class Leases:
             "draining": sorted(self.draining),
             "not_freed": sorted(self.stuck),
             "excluded": list(self.exclude),
+            "lock_dir": str(self.host.dir) if self.host is not None else None,
         }
 
 

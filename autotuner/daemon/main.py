@@ -54,8 +54,7 @@ async def _serve(config: DaemonConfig, ready: asyncio.Event | None) -> int:
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()
         port = runner.addresses[0][1] if runner.addresses else config.port
-        daemon.write_address(config.host, port)
-        logger.info("autotuner daemon listening on %s (state: %s)", daemon.url, daemon.root)
+        daemon.write_address(config.host, port)  # logs the address, warns beyond loopback
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
@@ -27,6 +27,7 @@ ALERT_KINDS = (
     "retune_not_promoted",
     "job_failed",
     "engine_changed",
+    "spool_rejected",
 )
 TRIAL_STATES = ("COMPLETE", "FAIL", "PRUNED", "RUNNING", "WAITING")
 
@@ -49,6 +50,7 @@ METRIC_NAMES = (
     "autotuner_last_check_goodput",
     "autotuner_device_leased",
     "autotuner_daemon_start_time_seconds",
+    "autotuner_spool_rejected_total",
 )
 
 
@@ -143,6 +145,12 @@ class StoreCollector(Collector):
         for akind in sorted({*ALERT_KINDS, *counted}):  # every kind from 0: increase() works
             alerts.add_metric([akind], counted.get(akind, 0))
         yield alerts
+        # one spool_rejected alert per refused file, and alerts are never deleted: a counter
+        yield CounterMetricFamily(
+            "autotuner_spool_rejected",
+            "Files refused in the spool (not regular, too large, incomplete, invalid SLA)",
+            value=counted.get("spool_rejected", 0),
+        )
         yield GaugeMetricFamily(
             "autotuner_alerts_given_up",
             "Alerts no webhook accepted within max_attempts (they are not retried)",

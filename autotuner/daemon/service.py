@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import ipaddress
 import logging
 import os
-import secrets
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,18 +25,20 @@ from typing import IO, Any
 
 import aiohttp
 import psutil
+from annotated_types import Le
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.procs import set_parent_death_signal
-from autotuner.daemon import alerts, ending, jobs, kinds, spool, watch
-from autotuner.daemon.config import DaemonConfig, check_cron, next_run
+from autotuner.daemon import alerts, confine, ending, jobs, kinds, spool, tokens, watch
+from autotuner.daemon.config import ConfigError, DaemonConfig, check_cron, next_run
 from autotuner.daemon.errors import AlreadyRunning, SubmitError, UnknownJobKind
+from autotuner.daemon.hostlocks import DeviceBusy, HostLocks, default_lock_dir
 from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
 from autotuner.daemon.metrics import StoreCollector
 from autotuner.daemon.store import Job, SlaRow, Store
 from autotuner.engines import envs
 from autotuner.records.daemon import DaemonInfo
-from autotuner.sla.spec import Sla, SlaError, parse_sla
+from autotuner.sla.spec import Sla, SlaError, TuneSpec, parse_sla
 
 logger = logging.getLogger(__name__)
 STOP_GRACE_S = 90.0  # a job's engines need ~10 s to stop; tune writes its state on the way
@@ -50,27 +53,31 @@ class Running:
     stopping: bool = False  # the daemon interrupted it (not the job's own failure)
 
 
-def _token(path: Path) -> str:
-    """Read the API token, creating it (mode 0600, never wider) on first start.
+# Bounds of the numbers a submission carries (checked before anything is written).
+MAX_PRIORITY = 1_000_000
 
-    An empty or too short file (a first start that died mid-write) gets a new token: an empty
-    one would let ``Authorization: Bearer`` with nothing after it through.
-    """
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32) + "\n")
-    if path.stat().st_mode & 0o077:
-        os.chmod(path, 0o600)
-    token = path.read_text().strip()
-    if len(token) < 16:
-        token = secrets.token_urlsafe(32)
-        tmp = path.with_name(path.name + ".new")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        os.replace(tmp, path)
-    return token
+
+def _schema_max_trials() -> int:
+    """A re-tune adds at most what an SLA's ``tune.trials`` may ask for."""
+    for m in TuneSpec.model_fields["trials"].metadata:
+        if isinstance(m, Le) and isinstance(m.le, int):
+            return m.le
+    raise AssertionError("TuneSpec.trials has no upper bound")
+
+
+MAX_EXTRA_TRIALS = _schema_max_trials()
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A submission validated without touching the store (see ``Daemon.prepare``)."""
+
+    sla: Sla
+    text: str
+    source: str
+    engine: str
+    pinned: str
+    schedule: str | None
 
 
 class Daemon:
@@ -80,19 +87,30 @@ class Daemon:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)  # the token, SLAs and logs are the operator's business
         self.layout = jobs.Layout(self.root)
+        lock_dir = config.lease_dir or default_lock_dir()
+        try:
+            host_locks = HostLocks(lock_dir, owner=str(self.root))
+        except OSError as exc:
+            raise ConfigError(f"lease_dir {lock_dir}: cannot use it: {exc}") from None
         self._lock = self._take_lock()
         try:
             self.store = Store(self.root / "daemon.db")
         except BaseException:  # e.g. a database of a newer autotuner: free the state dir
             self._lock.close()
             raise
-        self.token = _token(self.root / "token")
+        self.token = tokens.read_or_create(self.root / tokens.ADMIN_FILE)
+        self.metrics_token = tokens.read_or_create(self.root / tokens.METRICS_FILE)
         self.leases = Leases(
             gpus,
             exclude=config.exclude_gpus,
             idle_mib=config.gpu_idle_mib,
             free_timeout_s=config.gpu_free_timeout_s,
+            host=host_locks,
         )
+        self.spool = spool.Spool(self.root / "spool", config.max_request_bytes)
+        self.spool_refusals: deque[dict[str, Any]] = deque(maxlen=20)  # since this start
+        self._spool_scan: asyncio.Task[list[tuple[str, bool]]] | None = None
+        self.bind = ""
         self.started = time.time()
         self.running: dict[int, Running] = {}
         self.waiting: dict[int, str] = {}  # job id -> why it cannot start yet
@@ -114,6 +132,8 @@ class Daemon:
         return f
 
     def close(self) -> None:
+        if self.leases.host is not None:
+            self.leases.host.close()
         self.store.close()
         self._lock.close()
 
@@ -142,10 +162,24 @@ class Daemon:
         return back
 
     def write_address(self, host: str, port: int) -> None:
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        self.url = f"http://{shown}:{port}"
-        info = DaemonInfo(url=self.url, pid=os.getpid(), started=self.started)
+        """Record where the API listens: ``bind`` is the address it is bound to, ``url`` the
+        one local clients use (loopback when bound to every interface). A bind beyond
+        loopback gets a warning: the bearer token then crosses the network in clear text."""
+        wildcard = host in ("0.0.0.0", "::", "")
+        self.bind = _host_port(host or "0.0.0.0", port)
+        self.url = f"http://{_host_port('127.0.0.1' if wildcard else host, port)}"
+        info = DaemonInfo(url=self.url, bind=self.bind, pid=os.getpid(), started=self.started)
         atomic_write_text(self.root / "daemon.json", info.to_json(indent=None) + "\n")
+        where = " (every interface)" if wildcard else ""
+        logger.info("autotuner daemon listening on %s%s (state: %s)", self.bind, where, self.root)
+        if not _loopback(host):
+            logger.warning(
+                "the API listens on %s%s, beyond loopback, without TLS: the bearer token "
+                "crosses the network in clear text; put a TLS proxy in front of it or bind "
+                "127.0.0.1",
+                self.bind,
+                where,
+            )
 
     # ------------------------------------------------------------------ submissions
     def submit(
@@ -158,21 +192,58 @@ class Daemon:
         schedule: str | None = None,
     ) -> dict[str, Any]:
         """Validate and register an SLA, queue its first tune. Raises SubmitError."""
+        check_priority(priority)
+        return self.register(
+            self.prepare(text, source=source, base_dir=base_dir, schedule=schedule),
+            priority=priority,
+        )
+
+    def prepare(
+        self, text: str, *, source: str, base_dir: Path | None, schedule: str | None = None
+    ) -> Submission:
+        """Validate a submission without touching the store, so the API and the spool run it
+        on a thread of its own (a slow parse must not stall the event loop). Raises
+        SubmitError: 413 over the size cap, 400 for a bad SLA, path, storage, schedule or
+        engine.
+
+        ``base_dir`` is where relative paths resolve (the spool); None for HTTP, where paths
+        must be absolute. Either way the SLA came from outside: ``tune.storage`` and the
+        files it names are confined (:mod:`autotuner.daemon.confine`)."""
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.config.max_request_bytes:
+            raise SubmitError(
+                413,
+                [
+                    f"{source}: {size} bytes is over the daemon's limit of "
+                    f"{self.config.max_request_bytes} bytes (max_request_bytes)"
+                ],
+            )
         try:
-            sla = parse_sla(text, source, base_dir, check_files=base_dir is not None)
+            sla = parse_sla(text, source, base_dir)
         except SlaError as exc:
             raise SubmitError(400, [p.render(source) for p in exc.problems]) from None
-        if base_dir is None:
-            bad = _relative_paths(sla)
-            if bad:
-                raise SubmitError(400, [f"{source}: {b}" for b in bad])
+        bad = _relative_paths(sla) if base_dir is None else []
+        bad = bad or confine.problems(sla, self.root, self.config.allowed_paths)
+        if bad:
+            raise SubmitError(400, [f"{source}: {b}" for b in bad])
+        if base_dir is not None:  # the files are confined: now they may be read
+            try:
+                sla = parse_sla(text, source, base_dir, check_files=True)
+            except SlaError as exc:
+                raise SubmitError(400, [p.render(source) for p in exc.problems]) from None
         if schedule is not None:
             try:
                 check_cron(schedule)
             except ValueError as exc:
                 raise SubmitError(400, [f"schedule: {exc}"]) from None
         engine = self._engine_for(sla, source)
-        pinned = jobs.pinned_yaml(sla, engine)
+        return Submission(sla, text, source, engine, jobs.pinned_yaml(sla, engine), schedule)
+
+    def register(self, sub: Submission, *, priority: int = 0) -> dict[str, Any]:
+        """Register a prepared submission and queue its first tune (on the event loop)."""
+        check_priority(priority)
+        sla, text, source, engine, pinned = sub.sla, sub.text, sub.source, sub.engine, sub.pinned
+        schedule = sub.schedule
         existing = self.store.get_sla(sla.name)
         if existing is not None:
             if existing.yaml != text:
@@ -191,6 +262,8 @@ class Daemon:
         if not self.store.add_sla(sla.name, text, schedule or self.config.schedule, engine):
             # a racing submission of the same name won
             raise SubmitError(409, [f"{source}: {sla.name!r} was just submitted"])
+        # dispatch needs the SLA's devices: from this parse, not another on the event loop
+        self._targets[sla.name] = (text, (sla.target.kind, list(sla.target.devices)))
         job_id = self.enqueue_tune(sla.name, engine, priority=priority)
         logger.info("submitted %s (engine %s): job %d", sla.name, engine, job_id)
         return {"sla": sla.name, "job": job_id, "engine": engine, "created": True}
@@ -278,7 +351,9 @@ class Daemon:
         }
 
     def tune_now(self, name: str, extra: int = 0) -> int:
-        """Queue a re-tune of SLA ``name`` adding ``extra`` launches; SubmitError 404 if none."""
+        """Queue a re-tune of SLA ``name`` adding ``extra`` launches; SubmitError 404 if none,
+        400 if ``extra`` is out of bounds."""
+        check_extra_trials(extra)
         row = self.store.get_sla(name)
         if row is None:
             raise SubmitError(404, [f"no SLA named {name!r}"])
@@ -342,9 +417,14 @@ class Daemon:
                 self.store.finish(job.id, "cancelled", error=why_not)
                 continue
             argv = kind.argv(self, job, row)
-            if not self.store.claim(job.id):
+            try:  # before the claim: another daemon on the host may have taken a device
+                self.leases.acquire(wanted, job.id)
+            except DeviceBusy as exc:
+                self.waiting[job.id] = str(exc)
                 continue
-            self.leases.acquire(wanted, job.id)
+            if not self.store.claim(job.id):
+                self.leases.release(job.id, used=False)
+                continue
             try:
                 await self._start(job, argv, wanted)
             except OSError as exc:
@@ -504,6 +584,23 @@ class Daemon:
     def scan_spool(self, min_age_s: float = 1.0) -> list[tuple[str, bool]]:
         return spool.scan_spool(self, min_age_s)
 
+    async def scan_spool_async(self, min_age_s: float = 1.0) -> list[tuple[str, bool]]:
+        return await spool.scan_spool_async(self, min_age_s)
+
+    def spool_rejected(self, name: str, messages: list[str], moved_to: Path | None) -> None:
+        """Report a refused spool file everywhere a user looks: the log, an alert
+        (``spool_rejected``, which /metrics counts) and ``status``."""
+        where = f"moved to {moved_to}" if moved_to is not None else "left where it is"
+        logger.warning("spool: %s refused (%s): %s", name, where, " | ".join(messages[:5]))
+        details = {
+            "file": name,
+            "moved_to": str(moved_to) if moved_to is not None else None,
+            "errors": messages[:20],
+        }
+        self.spool_refusals.appendleft({"time": time.time(), **details})
+        first = messages[0] if messages else "refused"
+        self.alert("spool_rejected", "", "warning", f"spool file {name} refused: {first}", details)
+
     # ------------------------------------------------------------------ alerts
     def alert(
         self, kind: str, sla: str, severity: str, summary: str, details: dict[str, Any]
@@ -530,6 +627,7 @@ class Daemon:
             "daemon": {
                 "pid": os.getpid(),
                 "url": self.url,
+                "bind": self.bind,
                 "started": self.started,
                 "state_dir": str(self.root),
                 "stopping": self.stopping,
@@ -554,6 +652,10 @@ class Daemon:
             ],
             "alerts": self.store.alerts(limit=10),
             "engines": self.store.engines(),
+            "spool": {
+                "rejected": self.store.alert_counts().get("spool_rejected", 0),
+                "recent": list(self.spool_refusals)[:5],
+            },
         }
 
     # ------------------------------------------------------------------ main loop
@@ -566,9 +668,10 @@ class Daemon:
                 if now - last_engines >= self.config.engine_poll_s:
                     last_engines = now
                     await self._scan_engines_safely()
-                if now - last_spool >= self.config.spool_poll_s:
-                    last_spool = now
-                    self.scan_spool()
+                idle = self._spool_scan is None or self._spool_scan.done()
+                if now - last_spool >= self.config.spool_poll_s and idle:
+                    last_spool = now  # a task: its parses never hold up dispatch or alerts
+                    self._spool_scan = asyncio.create_task(self._scan_spool_safely())
                 if now - last_sched >= 15.0:
                     last_sched = now
                     self.tick_schedules(time.time())
@@ -580,6 +683,13 @@ class Daemon:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout=1.0)
 
+    async def _scan_spool_safely(self) -> list[tuple[str, bool]]:
+        try:
+            return await self.scan_spool_async()
+        except Exception as exc:  # e.g. an unreadable spool folder: try again next time
+            logger.warning("spool scan failed: %r", exc)
+            return []
+
     async def _scan_engines_safely(self) -> None:
         try:
             probed = await asyncio.to_thread(self.probe_engines)
@@ -590,6 +700,8 @@ class Daemon:
     async def stop(self) -> None:
         """SIGTERM every job (they stop their engines and save their state), then return."""
         self.stopping = True
+        if self._spool_scan is not None:
+            self._spool_scan.cancel()  # a file it was reading goes back into the spool
         for run in self.running.values():
             run.stopping = True
             _signal_session(run.proc.pid, signal.SIGTERM)
@@ -607,6 +719,31 @@ def _brief(p: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     keys = ("engine", "engine_version", "label", "meets_sla", "goodput", "time", "bundle")
     return {k: p.get(k) for k in keys}
+
+
+def check_priority(priority: int) -> None:
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise SubmitError(
+            400, [f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}"]
+        )
+
+
+def check_extra_trials(extra: int) -> None:
+    if not 0 <= extra <= MAX_EXTRA_TRIALS:
+        raise SubmitError(400, [f"trials must be between 0 and {MAX_EXTRA_TRIALS}, got {extra}"])
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def _relative_paths(sla: Sla) -> list[str]:

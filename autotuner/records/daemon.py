@@ -12,6 +12,7 @@ from autotuner.records.base import Record
 class DaemonInfo(Record):
     KIND = "daemon address file"
 
-    url: str  # http://HOST:PORT
+    url: str  # http://HOST:PORT, the address local clients use
+    bind: str | None = None  # HOST:PORT the API is bound to (0.0.0.0:PORT: every interface)
     pid: int | None = None
     started: float | None = None  # epoch seconds

@@ -224,7 +224,8 @@ def test_compose_prometheus_mounts_its_config_rules_and_token_read_only() -> Non
     state_at, state_ro = copier_mounts[state_volume]
     assert state_ro, "the token copier must mount the daemon's state read-only"
     entry = copier["entrypoint"]
-    assert str(Path(state_at) / STATE_DIR.relative_to(STATE_DIR.parent) / "token") in entry
+    # The read-only metrics token, never the admin token (issue 15, item 8).
+    assert str(Path(state_at) / STATE_DIR.relative_to(STATE_DIR.parent) / "metrics_token") in entry
     token_at = copier_mounts[volume][0]
     assert str(Path(token_at) / Path(token).relative_to(prom_dir)) in entry
 
