@@ -186,10 +186,19 @@ def promotion_from(layout: Layout, sla: str, engine: str, now: float) -> dict[st
 
 
 def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:
-    """Trials by state and the best goodput of the study (read-only; empty if none yet)."""
+    """Trials by state and the best of the study's feasible trials (read-only; empty if none
+    yet): ``best_goodput`` is the highest goodput measured (req/s meeting every SLO),
+    ``best_max_load`` the highest offered load sustained within the SLA (req/s, or concurrent
+    requests for a concurrency SLA)."""
+    empty: dict[str, Any] = {
+        "engine": engine,
+        "trials": {},
+        "best_goodput": None,
+        "best_max_load": None,
+    }
     db = layout.study_dir(sla, engine) / "study.db"
     if not db.is_file():
-        return {"engine": engine, "trials": {}, "best_goodput": None}
+        return empty
     import optuna
 
     from autotuner.search.study import feasible
@@ -197,9 +206,10 @@ def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:
     try:
         study = optuna.load_study(study_name=sla, storage=f"sqlite:///{db}")
     except Exception as exc:  # a missing or foreign study must not break the status page
-        return {"engine": engine, "trials": {}, "best_goodput": None, "error": str(exc)}
+        return {**empty, "error": str(exc)}
     trials: dict[str, int] = {}
-    best = None
+    goodputs: list[float] = []
+    loads: list[float] = []
     running = []
     for t in study.get_trials(deepcopy=False):
         trials[t.state.name] = trials.get(t.state.name, 0) + 1
@@ -207,9 +217,17 @@ def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:
             running.append({"number": t.number, "params": t.params})
         if t.state.name == "COMPLETE" and feasible(t):
             try:
-                g = TrialRecord.from_trial(t).max_load
+                record = TrialRecord.from_trial(t)
             except RecordError as exc:  # e.g. a study of a newer autotuner: say so, go on
-                return {"engine": engine, "trials": {}, "best_goodput": None, "error": str(exc)}
-            if g is not None and (best is None or g > best):
-                best = float(g)
-    return {"engine": engine, "trials": trials, "best_goodput": best, "running": running}
+                return {**empty, "error": str(exc)}
+            if (g := record.metrics.get("goodput")) is not None:
+                goodputs.append(float(g))
+            if record.max_load is not None:
+                loads.append(float(record.max_load))
+    return {
+        "engine": engine,
+        "trials": trials,
+        "best_goodput": max(goodputs, default=None),
+        "best_max_load": max(loads, default=None),
+        "running": running,
+    }

@@ -36,6 +36,7 @@ METRIC_NAMES = (
     "autotuner_queue_length",
     "autotuner_trials",
     "autotuner_best_goodput",
+    "autotuner_best_max_load",
     "autotuner_sla_feasible",
     "autotuner_promoted_goodput",
     "autotuner_last_promotion_timestamp_seconds",
@@ -80,12 +81,19 @@ class StoreCollector(Collector):
         )
         best = GaugeMetricFamily(
             "autotuner_best_goodput",
-            "Best SLA goodput found by the search (req/s meeting every SLO)",
+            "Highest goodput a feasible trial of the search measured (req/s meeting every SLO)",
+            labels=["sla"],
+        )
+        best_load = GaugeMetricFamily(
+            "autotuner_best_max_load",
+            "Highest offered load a feasible trial sustained within the SLA (req/s, or "
+            "concurrent requests for a concurrency SLA); not a goodput",
             labels=["sla"],
         )
         feasible = GaugeMetricFamily(
             "autotuner_sla_feasible",
-            "1 if the promotion in force met the SLA when confirmed, else 0",
+            "1 if the promotion in force is confirmed to meet the SLA; 0 if nothing is, as "
+            "the latest tune found (none promoted, or a re-tune found nothing)",
             labels=["sla"],
         )
         promoted = GaugeMetricFamily(
@@ -104,13 +112,19 @@ class StoreCollector(Collector):
                 trials.add_metric([row.name, tstate], (summary.get("trials") or {}).get(tstate, 0))
             if summary.get("best_goodput") is not None:
                 best.add_metric([row.name], float(summary["best_goodput"]))
+            if summary.get("best_max_load") is not None:
+                best_load.add_metric([row.name], float(summary["best_max_load"]))
             p = row.promotion
+            met = summary.get("sla_met")  # set by every tune since it was added
+            if met is None and p:
+                met = p.get("meets_sla")
+            if met is not None or p:
+                feasible.add_metric([row.name], 1.0 if met else 0.0)
             if p:
-                feasible.add_metric([row.name], 1.0 if p.get("meets_sla") else 0.0)
                 if p.get("goodput") is not None:
                     promoted.add_metric([row.name, str(p.get("engine"))], float(p["goodput"]))
                 last.add_metric([row.name], float(p.get("time", 0.0)))
-        yield from (trials, best, feasible, promoted, last)
+        yield from (trials, best, best_load, feasible, promoted, last)
 
         verdict = GaugeMetricFamily(
             "autotuner_regression_verdict",

@@ -21,11 +21,16 @@ if TYPE_CHECKING:
 def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     row = d.store.get_sla(job.sla)
     summary = jobs.study_summary(d.layout, job.sla, job.engine)
-    promo = jobs.promotion_from(d.layout, job.sla, job.engine, time.time())
+    found = promo = jobs.promotion_from(d.layout, job.sla, job.engine, time.time())
     if row is None:
         return {"promotion": promo}
     fields: dict[str, Any] = {"summary": summary}
     current = row.promotion
+    # Exit 0 means a config confirmed to meet the SLA was promoted; a bundle left by an earlier
+    # tune (this one found nothing to promote) does not count.
+    met = code == 0 and promo is not None and bool(promo["meets_sla"])
+    if promo is not None and _same_bundle(promo, current):
+        promo = None  # nothing new was promoted: the promotion in force keeps its time
     if promo is not None:
         if current is None or current.get("engine") == job.engine:
             fields.update(promotion=promo, engine=job.engine)
@@ -41,18 +46,48 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
                 f"the promotion on {current.get('engine')} stays in force",
                 {"engine": job.engine, "old_engine": current.get("engine")},
             )
-        if not promo["meets_sla"]:
-            d.alert(
-                "sla_infeasible",
-                job.sla,
-                "warning",
-                f"{job.sla}: no configuration confirmed to meet the SLA on {job.engine}",
-                {"engine": job.engine, "goodput": promo.get("goodput")},
-            )
+    if not met:
+        d.alert(
+            "sla_infeasible",
+            job.sla,
+            "warning",
+            f"{job.sla}: no configuration confirmed to meet the SLA on {job.engine}"
+            + ("" if promo is not None else "; nothing new promoted"),
+            {"engine": job.engine, "goodput": None if promo is None else promo.get("goodput")},
+        )
+    summary["sla_met"] = _sla_met(met, fields.get("promotion"), current, row.summary, job.engine)
     d.store.update_sla(job.sla, **fields)
     if row.next_check is None:
         d.store.update_sla(job.sla, next_check=next_run(row.schedule, time.time()))
-    return {"promotion": promo, "summary": summary}
+    return {"promotion": found, "summary": summary}
+
+
+def _same_bundle(promo: dict[str, Any], current: dict[str, Any] | None) -> bool:
+    """Whether ``promo`` is the bundle already in force (same engine, same manifest)."""
+    return (
+        current is not None
+        and promo.get("manifest_created") is not None
+        and current.get("engine") == promo["engine"]
+        and current.get("manifest_created") == promo["manifest_created"]
+    )
+
+
+def _sla_met(
+    met: bool,
+    new: dict[str, Any] | None,
+    current: dict[str, Any] | None,
+    summary: dict[str, Any] | None,
+    engine: str,
+) -> bool:
+    """Whether the promotion in force after a tune meets the SLA (``autotuner_sla_feasible``).
+
+    A new promotion, or a tune on the engine in force that found nothing, decides it; when a
+    tune on another engine found nothing, the promotion in force stays as it was judged.
+    """
+    if new is not None or current is None or current.get("engine") == engine:
+        return met
+    before = (summary or {}).get("sla_met")
+    return bool(current.get("meets_sla")) if before is None else bool(before)
 
 
 def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:

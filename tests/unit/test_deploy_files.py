@@ -435,8 +435,8 @@ def test_entrypoint_registers_the_image_vllm_then_execs_the_daemon() -> None:
 
 @pytest.fixture()
 def scraped(tmp_path: Path) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """What /metrics says for a store with a promotion that misses its SLA, a regression
-    verdict, a failed job, an alert and a leased GPU: family -> [(labels, value)]."""
+    """What /metrics says for a store with a promotion that misses its SLA, a failed re-check,
+    a regression verdict, a failed job, an alert and a leased GPU: family -> [(labels, value)]."""
     store = Store(tmp_path / "daemon.db")
     try:
         store.add_sla("chat", "name: chat\n", "0 2 * * *", "vllm-new")
@@ -464,6 +464,9 @@ def scraped(tmp_path: Path) -> dict[str, list[tuple[dict[str, str], float]]]:
         job = store.enqueue("tune", "chat", "vllm-new")
         assert store.claim(job)
         store.finish(job, "failed", exit_code=1, error="boom")
+        recheck = store.enqueue("recheck", "chat", "vllm-old")
+        assert store.claim(recheck)
+        store.finish(recheck, "done", exit_code=1, outcome={"meets_sla": False, "goodput": 3.0})
         store.enqueue("recheck", "chat", "vllm-old")
         store.add_alert("engine_regression", "chat", "critical", "slower", {})
         collector = StoreCollector(store, lambda: {"held": {"gpu0": 7}}, time.time() - 60)
