@@ -13,6 +13,7 @@ the trial (or the executor that ran it) and read by promotion and the placement 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
@@ -36,6 +37,20 @@ class _Trial(Protocol):
     def user_attrs(self) -> dict[str, Any]: ...
 
 
+METRIC_ATTR = "metric:"  # prefix of the user attribute of each measured metric
+CONSTRAINT_ATTR = "constraint:"  # prefix of the user attribute of each constraint's margin
+
+
+def _numbers(prefix: str, values: Mapping[str, float | None]) -> dict[str, float]:
+    """``values`` that are finite numbers, one attribute each (a None or NaN would make the
+    dashboard treat the whole column as text)."""
+    return {
+        f"{prefix}{name}": float(v)
+        for name, v in values.items()
+        if isinstance(v, int | float) and math.isfinite(v)
+    }
+
+
 class TrialRecord(Record):
     """A trial as the study keeps it (Optuna user attributes)."""
 
@@ -53,6 +68,9 @@ class TrialRecord(Record):
     duplicate_of: int | None = None  # an earlier trial with the same config: result reused
     interrupted: bool = False  # left RUNNING by a crash and failed at the next start
     requeued_from: int | None = None  # the interrupted trial whose config this one re-runs
+    # The trial's Optuna constraints (<= 0 met), repeated here because optuna-dashboard reads
+    # only the pre-5.0 list form of Optuna's own (see :meth:`attrs`).
+    constraints: dict[str, float] = Field(default_factory=dict)
 
     @classmethod
     def from_trial(cls, trial: _Trial) -> TrialRecord:
@@ -73,9 +91,21 @@ class TrialRecord(Record):
 
     def attrs(self) -> dict[str, Any]:
         """The fields given to this record (not the defaults), as user attributes, stamped
-        with the schema version."""
+        with the schema version.
+
+        A dashboard sorts and filters trials by user attributes that hold a number, so given
+        ``metrics`` and ``constraints`` are spread out as well, one number each:
+        ``metric:<name>`` (measured values), ``constraint:<key>`` (margins, <= 0 met) and
+        ``feasible`` (1 when every constraint is met, else 0). Reading ignores them.
+        """
         given = self.model_dump(mode="json", exclude_unset=True, exclude={"schema_version"})
-        return {"schema_version": self.schema_version, **given}
+        out = {"schema_version": self.schema_version, **given}
+        if "metrics" in given:
+            out.update(_numbers(METRIC_ATTR, self.metrics))
+        if "constraints" in given:
+            out.update(_numbers(CONSTRAINT_ATTR, self.constraints))
+            out["feasible"] = int(all(v <= 0 for v in self.constraints.values()))
+        return out
 
     def save(self, set_attr: SetAttr) -> None:
         """Write :meth:`attrs` through ``set_attr`` (``trial.set_user_attr``, or the storage's

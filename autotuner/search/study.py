@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -176,6 +177,7 @@ def open_study(
         raise StudyMismatch(
             f"study {sla.name!r} in {url} has other objectives; use another study name"
         )
+    name_objectives(study, [o.metric for o in sla.objectives])
     stored = StudyRecord.from_attrs(study.user_attrs, sla.name).identity
     if stored is None:
         StudyRecord(identity=identity, objectives=[o.metric for o in sla.objectives]).save(
@@ -190,6 +192,15 @@ def open_study(
                 "comparable: give this run another study name (--study NAME) or delete the study"
             )
     return study
+
+
+def name_objectives(study: optuna.Study, names: list[str]) -> None:
+    """Name the study's objective values (optuna-dashboard and ``trials_dataframe`` show these
+    names instead of "Objective 0"); written once, and again only if they changed."""
+    if study.metric_names != names:
+        with warnings.catch_warnings():  # experimental in Optuna 5, and stable since 3.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
 
 
 def fail_stale(study: optuna.Study, say: Say) -> list[int]:
@@ -255,6 +266,7 @@ def tell_result(
         return TrialState.FAIL
     for key, margin in result.margins().items():
         trial.set_constraint(key, 1.0 if margin is None else margin)
+    TrialRecord(constraints=trial.constraints).save(trial.set_user_attr)
     study.tell(trial, values)
     return TrialState.COMPLETE
 
@@ -454,6 +466,7 @@ class StudyRunner:
         TrialRecord.model_validate(result).save(trial.set_user_attr)
         for key, value in earlier.constraints.items():
             trial.set_constraint(key, value)
+        TrialRecord(constraints=earlier.constraints).save(trial.set_user_attr)
         self.study.tell(trial, earlier.values)
         self.say(f"trial {trial.number}: same config as trial {earlier.number}; result reused")
 
