@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         help="re-tune: allow N launches beyond those the study has already counted",
     )
     t.add_argument(
+        "--reconfirm",
+        action="store_true",
+        help="a finished study reprints its decision and launches nothing; this measures the "
+        "confirmation again and decides anew",
+    )
+    t.add_argument(
         "--executor",
         choices=("local", "ray"),
         default="local",
@@ -210,7 +216,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from autotuner.cli.tune import main_tune
 
         return main_tune(
-            args.sla, args.trials_dir, args.trials, args.extra_trials, args.executor, args.address
+            args.sla,
+            args.trials_dir,
+            args.trials,
+            args.extra_trials,
+            args.executor,
+            args.address,
+            args.reconfirm,
         )
     if args.command == "compare-engines":
         from autotuner.cli.compare import main_compare

@@ -12,6 +12,7 @@ import optuna
 
 from autotuner.bundle.summary import render
 from autotuner.core.errors import BadInput
+from autotuner.search.storage import check_sqlite
 from autotuner.search.study import storage_url
 
 
@@ -32,6 +33,7 @@ def main_report(study: str, trials_dir: str) -> int:
     db = sdir / "study.db"
     if not db.exists():
         raise BadInput(f"no study at {sdir} (looked for {db})")
+    check_sqlite(storage_url(sdir, None))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     summaries = optuna.get_all_study_summaries(storage_url(sdir, None))
     if not summaries:

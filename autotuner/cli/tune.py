@@ -1,8 +1,9 @@
 """`autotuner tune SLA`: run (or resume) the study, confirm and promote.
 
 Exit 0: a config that meets the SLA is promoted; 1: none confirmed to meet it (the bundle may
-still hold the baseline and its fallbacks); 2: bad input; 130: interrupted (run the same
-command again to resume).
+still hold the baseline and its fallbacks); 2: bad input, or another tuner holds the study;
+130: interrupted (run the same command again to resume). A finished study exits as its first
+run did, with nothing launched (``--reconfirm`` confirms again).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main_tune(
     extra_trials: int = 0,
     executor: str = "local",
     address: str | None = None,
+    reconfirm: bool = False,
 ) -> int:
     sla = load_sla(sla_path)
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
@@ -37,6 +39,7 @@ def main_tune(
             extra_trials=extra_trials,
             executor=executor,
             address=address,
+            reconfirm=reconfirm,
         )
     except FileNotFoundError as exc:  # the SLA's model or dataset went missing
         raise BadInput(str(exc)) from exc

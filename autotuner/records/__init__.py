@@ -22,6 +22,9 @@ SynthMarker                 <model dir>/autotuner-synth.json     models.synth
 DaemonInfo                  <daemon state>/daemon.json           daemon service / daemon client
 JobOutcome                  the file named by --outcome (tune,   cli.outcome / daemon
                             bench, compare-engines)
+StudyLockFile               <study>/tune.lock (who holds it)     search.lock / search.lock
+ProcessOwner                part of StudyLockFile and of         search.lock, search.study /
+                            TrialRecord (``owner``)              search.study (start-up sweep)
 ==========================  ===================================  =============================
 """
 

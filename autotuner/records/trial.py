@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotuner.core.types import ParamValue
 from autotuner.records.base import Record
+from autotuner.records.owner import ProcessOwner
 
 TrialStatus = Literal["complete", "stopped_early", "failed"]
 Role = Literal["baseline", "candidate"]
@@ -68,6 +69,7 @@ class TrialRecord(Record):
     duplicate_of: int | None = None  # an earlier trial with the same config: result reused
     interrupted: bool = False  # left RUNNING by a crash and failed at the next start
     requeued_from: int | None = None  # the interrupted trial whose config this one re-runs
+    owner: ProcessOwner | None = None  # the tuner that asked it (None: an older tuner's trial)
     # The trial's Optuna constraints (<= 0 met), repeated here because optuna-dashboard reads
     # only the pre-5.0 list form of Optuna's own (see :meth:`attrs`).
     constraints: dict[str, float] = Field(default_factory=dict)

@@ -28,7 +28,9 @@ from autotuner.core.errors import BadInput
 from autotuner.core.types import ParamValue
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
+from autotuner.search.lock import current_owner, owner_state
 from autotuner.search.space import ParamValue as GridValue
+from autotuner.search.storage import create_or_load
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import Sla
 
@@ -166,13 +168,7 @@ def open_study(
 ) -> optuna.Study:
     """Create or load the study; refuse one made for another SLA, engine or space."""
     directions = [o.direction for o in sla.objectives]
-    study = optuna.create_study(
-        study_name=sla.name,
-        storage=url,
-        sampler=sampler,
-        directions=directions,
-        load_if_exists=True,
-    )
+    study = create_or_load(sla.name, url, sampler, directions)
     if [d.name.lower() for d in study.directions] != directions:
         raise StudyMismatch(
             f"study {sla.name!r} in {url} has other objectives; use another study name"
@@ -206,9 +202,21 @@ def name_objectives(study: optuna.Study, names: list[str]) -> None:
 def fail_stale(study: optuna.Study, say: Say) -> list[int]:
     """Fail trials left RUNNING by a crash and queue their configs again (once each).
 
-    With ask/tell there is no heartbeat, so nothing else would ever close them.
+    With ask/tell there is no heartbeat, so nothing else would ever close them. Only trials
+    whose owner (the tuner that asked them) is gone are failed: one still running here, or
+    on another host where it can't be seen, is left alone.
     """
-    stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+    stale = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state != TrialState.RUNNING:
+            continue
+        owner = TrialRecord.from_trial(t).owner
+        state = owner_state(owner)
+        if state == "gone":
+            stale.append(t)
+        elif owner is not None:
+            alive = "still running" if state == "alive" else "may still run (another host)"
+            say(f"trial {t.number} is running in {owner.describe()}, which {alive}: left alone")
     storage = study._storage  # public API has no way to fail another process's trial
     for t in stale:
         TrialRecord(interrupted=True).save(partial(storage.set_trial_user_attr, t._trial_id))
@@ -421,7 +429,9 @@ class StudyRunner:
         """Ask one trial; settle it at once (reused, pruned) or return it to launch."""
         trial = self.study.ask()
         baseline = not baseline_done(self.study) and not self._baseline_running(trial)
-        TrialRecord(role="baseline" if baseline else "candidate").save(trial.set_user_attr)
+        TrialRecord(role="baseline" if baseline else "candidate", owner=current_owner()).save(
+            trial.set_user_attr
+        )
         suggested: dict[str, ParamValue] = {} if baseline else self.suggest(trial)
         params = {**self.fixed, **suggested}
         key = config_key(params)

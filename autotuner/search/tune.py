@@ -27,8 +27,10 @@ from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter
 from autotuner.measure.bench import resolve_model
+from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
-from autotuner.search import rules
+from autotuner.search import rerun, rules
+from autotuner.search.lock import study_lock
 from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
 from autotuner.search.space import ParamValue as SpaceValue
 from autotuner.search.study import (
@@ -104,6 +106,12 @@ def grid_space(
     return dataclasses.replace(narrowed, fixed=fixed), grid, single
 
 
+def _reprint(manifest: Manifest, study: optuna.Study) -> dict[str, Any]:
+    for line in rerun.describe(manifest, len(rerun.launches(study))):
+        _say(line)
+    return manifest.to_data()
+
+
 def memory_limit_reason(
     params: Mapping[str, ParamValue],
     hw: hardware.HardwareProfile,
@@ -134,12 +142,38 @@ def tune(
     extra_trials: int = 0,
     executor: str = "local",
     address: str | None = None,
+    reconfirm: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the study of ``sla`` and promote. Returns the manifest.
 
     ``extra_trials`` > 0 sets the budget to the launches already counted plus that many (a
-    re-tune of a finished study).
+    re-tune of a finished study). A finished study reprints its recorded decision and
+    launches nothing (search.rerun) unless ``reconfirm``. The study is held for the whole
+    run: another tuner of it gets StudyBusy (search.lock).
     """
+    with study_lock(trials_dir / sla.name, sla.name):
+        return _tune(
+            sla,
+            trials_dir=trials_dir,
+            budget_trials=budget_trials,
+            extra_trials=extra_trials,
+            executor=executor,
+            address=address,
+            reconfirm=reconfirm,
+        )
+
+
+def _tune(
+    sla: Sla,
+    *,
+    trials_dir: Path,
+    budget_trials: int | None,
+    extra_trials: int,
+    executor: str,
+    address: str | None,
+    reconfirm: bool,
+) -> dict[str, Any]:
+    """:func:`tune`, with the study held."""
     model_dir = resolve_model(sla, _say)
     engine_adapter = registry.get(sla.engine.kind)
     python, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
@@ -188,6 +222,10 @@ def tune(
         done = sum(counted(t) for t in study.get_trials(deepcopy=False))
         budget = Budget(done + extra_trials, budget.time_s)
         _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
+    elif not reconfirm and len(rerun.launches(study)) >= budget.trials:
+        decided = rerun.recorded_decision(study, study_dir)
+        if decided is not None:
+            return _reprint(decided, study)
     memory = _crash_memory(study, space, engine_adapter)
     model_cfg = json.loads((model_dir / "config.json").read_text())
     cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
@@ -254,6 +292,10 @@ def tune(
             f"search done: {runner.spent()} launches counted "
             f"({time.monotonic() - started:.0f} s this run)"
         )
+        if not reconfirm and not runner.launch_times:  # nothing new measured
+            decided = rerun.recorded_decision(study, study_dir)
+            if decided is not None:
+                return _reprint(decided, study)
 
         def confirm_run(
             params: Mapping[str, ParamValue], run_dir: Path, load: float

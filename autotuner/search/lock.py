@@ -1,0 +1,98 @@
+"""One tuner per study, and whether the owner of a running trial is still alive.
+
+``tune`` holds an exclusive ``flock`` on ``<study>/tune.lock`` for its whole life: a second
+``tune`` of the same study stops at once with :class:`StudyBusy` (exit 2) naming the holder,
+instead of launching engines beside it. The kernel drops the lock when the holder exits, even
+on ``kill -9``, so a stale file never blocks anything; its content (who holds it) is only for
+the message.
+
+Each trial records its owner (:class:`~autotuner.records.owner.ProcessOwner`); the start-up
+sweep fails a RUNNING trial only when its owner is gone (:func:`owner_state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from autotuner.core.errors import BadInput
+from autotuner.records.base import RecordError
+from autotuner.records.owner import ProcessOwner, StudyLockFile
+
+LOCK_NAME = "tune.lock"
+START_SLACK_S = 1.0  # create_time() is rounded differently across reads
+
+OwnerState = Literal["alive", "gone", "unknown"]
+
+
+class StudyBusy(BadInput):
+    """Another process is tuning this study."""
+
+
+def current_owner() -> ProcessOwner:
+    """This process, as an owner, from now."""
+    return ProcessOwner(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        started=psutil.Process().create_time(),
+        since=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def owner_state(owner: ProcessOwner | None) -> OwnerState:
+    """Whether ``owner`` still runs: ``unknown`` for another host (its processes can't be
+    seen from here); ``gone`` for no owner at all (a trial of an older tuner: failed, as it
+    always was)."""
+    if owner is None:
+        return "gone"
+    if owner.host != socket.gethostname():
+        return "unknown"
+    try:
+        started = psutil.Process(owner.pid).create_time()
+    except psutil.Error:
+        return "gone"
+    return "alive" if abs(started - owner.started) < START_SLACK_S else "gone"
+
+
+@contextlib.contextmanager
+def study_lock(study_dir: Path, name: str) -> Iterator[ProcessOwner]:
+    """Hold the study in ``study_dir`` for the block; :class:`StudyBusy` if another process
+    holds it."""
+    study_dir.mkdir(parents=True, exist_ok=True)
+    path = study_dir / LOCK_NAME
+    f = path.open("a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StudyBusy(_busy(name, path)) from None
+        me = current_owner()
+        f.seek(0)
+        f.truncate()
+        f.write(StudyLockFile(owner=me, command=" ".join(sys.argv)).to_json() + "\n")
+        f.flush()
+        yield me
+    finally:
+        f.close()  # closing the file releases the lock
+
+
+def _busy(name: str, path: Path) -> str:
+    try:
+        holder = StudyLockFile.read(path)
+    except (OSError, RecordError):  # it has the lock but has not written its name yet
+        who = "another process"
+    else:
+        who = holder.owner.describe()
+    return (
+        f"study {name} is being tuned by {who} (lock: {path}); wait for that tuner to end or "
+        "stop it, then run this again (it resumes the study)"
+    )

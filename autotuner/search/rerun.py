@@ -1,0 +1,57 @@
+"""A finished study run again: its decision is reprinted, not confirmed again.
+
+Confirmation re-measures the leaders and the baseline in interleaved replicates (six launches,
+about ten minutes on the CPU quick start). Running ``tune`` again on a study whose budget is
+spent and whose decision is recorded would repeat all of it for the same answer; it reprints
+the decision and where the bundle is instead, and exits as the first run did. The same holds
+when a run launched nothing new (a grid or a space with nothing left to try).
+``tune --reconfirm`` confirms again; ``--extra-trials N`` (or a larger ``--trials``) searches
+further, then decides anew.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autotuner.records.manifest import Manifest
+from autotuner.records.trial import StudyRecord
+from autotuner.search.study import counted
+
+
+def launches(study: optuna.Study) -> set[int]:
+    """The trials that spent the budget (launched an engine)."""
+    return {t.number for t in study.get_trials(deepcopy=False) if counted(t)}
+
+
+def recorded_decision(study: optuna.Study, study_dir: Path) -> Manifest | None:
+    """The manifest of the study's recorded decision while it is still the study's answer:
+    the bundle in ``promoted/`` is the one that decision wrote, and every launch the study
+    counts was known to it. None otherwise (decide as usual)."""
+    note = StudyRecord.from_attrs(study.user_attrs, study.study_name).promotion
+    if note is None:
+        return None
+    manifest = Manifest.read_or_none(study_dir / "promoted" / "optimization_manifest.json")
+    if manifest is None or manifest.promoted is None or manifest.created != note.time:
+        return None  # no bundle, or another decision's
+    provenance = manifest.provenance
+    known = set(provenance.study.trials) if provenance and provenance.study else set()
+    if not launches(study) <= known:
+        return None  # launches after the decision: it has to be taken again
+    return manifest
+
+
+def describe(manifest: Manifest, launched: int) -> list[str]:
+    """What the reprint says: the decision, and how to get another one."""
+    promoted = manifest.promoted
+    assert promoted is not None  # recorded_decision returns only a promotion
+    meets = "meets the SLA" if promoted.meets_sla else "does NOT meet the SLA"
+    reason = manifest.decision.reason if manifest.decision is not None else ""
+    return [
+        f"study {manifest.study} is finished: {launched} launches counted, decided at "
+        f"{manifest.created}; nothing to launch",
+        f"promoted {promoted.label}, which {meets}: {reason}",
+        "run with --reconfirm to measure the confirmation again, or --extra-trials N to search "
+        "further",
+    ]
