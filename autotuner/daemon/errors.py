@@ -23,5 +23,10 @@ class StoreSchemaError(BadInput):
     (a higher ``user_version``) or not a daemon database at all."""
 
 
+class StoreDamaged(BadInput):
+    """The daemon's database can't be trusted: the file is damaged, or it is empty while the
+    state directory holds what it recorded (see daemon/forgotten.py)."""
+
+
 class UnknownJobKind(BadInput):
     """A job row names a kind this daemon has no object for (see daemon/kinds.py)."""

@@ -32,6 +32,7 @@ from autotuner.core.procs import set_parent_death_signal
 from autotuner.daemon import alerts, confine, ending, jobs, kinds, spool, tokens, watch
 from autotuner.daemon.config import ConfigError, DaemonConfig, check_cron, next_run
 from autotuner.daemon.errors import AlreadyRunning, SubmitError, UnknownJobKind
+from autotuner.daemon.forgotten import refuse_forgotten
 from autotuner.daemon.hostlocks import DeviceBusy, HostLocks, default_lock_dir
 from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
 from autotuner.daemon.metrics import StoreCollector
@@ -94,6 +95,7 @@ class Daemon:
             raise ConfigError(f"lease_dir {lock_dir}: cannot use it: {exc}") from None
         self._lock = self._take_lock()
         try:
+            refuse_forgotten(self.root, self.root / "daemon.db")
             self.store = Store(self.root / "daemon.db")
         except BaseException:  # e.g. a database of a newer autotuner: free the state dir
             self._lock.close()

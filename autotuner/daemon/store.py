@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from autotuner.daemon.errors import StoreSchemaError
+from autotuner.core.sqlite_check import damage
+from autotuner.daemon.errors import StoreDamaged, StoreSchemaError
 
 JobKind = Literal["tune", "recheck", "regression"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -201,6 +202,9 @@ class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        why = damage(path)  # PRAGMA quick_check, before anything reads or writes it
+        if why is not None:
+            raise self._damaged(why)
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         try:
@@ -208,9 +212,21 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a queued job survives a power cut too
             self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.OperationalError):  # locked, read-only: not damage
+                raise
+            raise self._damaged(str(exc)) from exc
         except BaseException:
             self._db.close()
             raise
+
+    def _damaged(self, why: str) -> StoreDamaged:
+        return StoreDamaged(
+            f"the daemon database {self.path} is damaged ({why}); restore it from a backup, or "
+            f"move the state directory {self.path.parent} aside to start afresh (the daemon "
+            "will not start on it: it would lose the SLAs, jobs and promotions it records)"
+        )
 
     def close(self) -> None:
         self._db.close()
