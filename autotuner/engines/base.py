@@ -45,17 +45,26 @@ class EngineLaunchError(EngineStartFailed, RuntimeError):
     """The engine exited, or never became healthy, before serving.
 
     ``cause`` is the classification, ``log_tail`` the last lines of its log (for humans),
-    ``returncode`` the exit status when it exited (``None`` on a time-out).
+    ``returncode`` the exit status when it exited (``None`` on a time-out), ``root_cause`` the
+    lines of the whole log that say why (the tail often ends at "see root cause above"); the
+    message quotes the first of them.
     """
 
     def __init__(
-        self, cause: LaunchCause, message: str, log_tail: str, returncode: int | None
+        self,
+        cause: LaunchCause,
+        message: str,
+        log_tail: str,
+        returncode: int | None,
+        *,
+        root_cause: Sequence[str] = (),
     ) -> None:
         super().__init__(f"engine failed to start ({cause.value}): {message}")
         self.cause = cause
         self.message = message
         self.log_tail = log_tail
         self.returncode = returncode
+        self.root_cause = tuple(root_cause)
 
 
 @dataclass(frozen=True)
@@ -312,6 +321,10 @@ class EngineAdapter(Protocol):
 
     def classify_failure(self, log_tail: str) -> LaunchCause:
         """Why a launch failed, from the last lines of the engine's log."""
+        ...
+
+    def root_cause(self, log: str) -> list[str]:
+        """The first lines of an engine log that say why it failed (empty: none found)."""
         ...
 
     def defaults(self, hardware: HardwareProfile, params: Params | None = None) -> Params:

@@ -33,13 +33,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a text file (empty when it does not exist)."""
+# How much of the end of a failed engine's log is searched for the root cause: enough for the
+# tracebacks of every process that printed one.
+ROOT_CAUSE_WINDOW_BYTES = 1024 * 1024
+
+
+def tail(path: Path, lines: int = 40, *, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a text file, read from its last ``max_bytes`` (empty when
+    it does not exist)."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
+            f.seek(max(0, size - max_bytes))
             data = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
@@ -80,6 +86,25 @@ class ServerProcess:
     def classify_failure(self, log_tail: str) -> LaunchCause:
         """Why the server exited during start-up, from its log."""
         return LaunchCause.OTHER
+
+    def root_cause(self, log: str) -> list[str]:
+        """The lines of its log that say why the server failed (empty: none found)."""
+        return []
+
+    def _launch_error(self, code: int | None) -> EngineLaunchError:
+        """What went wrong, from the log: the cause, its root-cause lines and the tail."""
+        log = tail(self.log_path, 1_000_000, max_bytes=ROOT_CAUSE_WINDOW_BYTES)
+        log_tail = "\n".join(log.splitlines()[-40:])
+        root = self.root_cause(log)
+        if code is None:
+            cause = LaunchCause.TIMEOUT
+            message = f"not healthy after {self.startup_timeout_s:.0f} s"
+        else:
+            cause = self.classify_failure("\n".join([*root, log_tail]))
+            message = f"exited with status {code} during start-up"
+        if root:
+            message += f": {root[0]}"
+        return EngineLaunchError(cause, message, log_tail, code, root_cause=root)
 
     @property
     def pid(self) -> int | None:
@@ -128,18 +153,9 @@ class ServerProcess:
                 self._remember_tree()
                 code = self._proc.poll()
                 if code is not None:
-                    log_tail = tail(self.log_path)
-                    cause = self.classify_failure(log_tail)
-                    raise EngineLaunchError(
-                        cause, f"exited with status {code} during start-up", log_tail, code
-                    )
+                    raise self._launch_error(code)
                 if time.monotonic() > deadline:
-                    raise EngineLaunchError(
-                        LaunchCause.TIMEOUT,
-                        f"not healthy after {self.startup_timeout_s:.0f} s",
-                        tail(self.log_path),
-                        None,
-                    )
+                    raise self._launch_error(None)
                 try:
                     async with session.get(base_url + self.health_path) as resp:
                         if resp.status == 200:

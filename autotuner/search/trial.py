@@ -275,7 +275,7 @@ def run_trial(
                 cause=exc.cause.value,
                 argv=tuple(engine.argv()),
                 log_path=str(engine.log_path),
-                extra={"log_tail": exc.log_tail[-2000:]},
+                extra={"log_tail": exc.log_tail[-2000:], "root_cause": list(exc.root_cause)},
             )
         say(f"    engine healthy after {endpoint.startup_s:.0f} s")
         try:

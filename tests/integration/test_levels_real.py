@@ -43,9 +43,12 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
         params={"max_model_len": 1024},
         model={"path": str(tiny_model)},
     )
+    spec = parse_sla(yaml.safe_dump(sla))
+    # The SLA's fixed engine params, as tune passes them: without them vLLM asks for its
+    # default 0.92 of the host's RAM and refuses to start on a machine that is not idle.
     result = run_trial(
-        {},
-        parse_sla(yaml.safe_dump(sla)),
+        dict(spec.engine.params),
+        spec,
         python=vllm_python,
         model_dir=tiny_model,
         run_dir=tmp_path / "run",

@@ -93,6 +93,9 @@ class VllmAdapter:
     def classify_failure(self, log_tail: str) -> LaunchCause:
         return logs.classify_failure(log_tail)
 
+    def root_cause(self, log: str) -> list[str]:
+        return logs.root_cause(log)
+
     def defaults(self, hardware: HardwareProfile, params: Params | None = None) -> Params:
         return _defaults.defaults(hardware, params)
 

@@ -15,7 +15,7 @@ from autotuner.core.types import ParamValue
 from autotuner.engines.base import LaunchCause
 from autotuner.engines.process import ServerProcess
 from autotuner.engines.vllm.flags import check_extra_args, params_to_args
-from autotuner.engines.vllm.logs import classify_failure
+from autotuner.engines.vllm.logs import classify_failure, root_cause
 from autotuner.engines.vllm.options import RESERVED_ENV
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -88,3 +88,6 @@ class VllmEngine(ServerProcess):
 
     def classify_failure(self, log_tail: str) -> LaunchCause:
         return classify_failure(log_tail)
+
+    def root_cause(self, log: str) -> list[str]:
+        return root_cause(log)
