@@ -1,4 +1,10 @@
-"""Promotion: pick the Pareto-best config, confirm it against the baseline, write the bundle.
+"""Promotion: pick the Pareto-best config, confirm it against the baseline by capacity
+(:mod:`autotuner.search.confirm`: no launch when no candidate leads by more than the
+resolution), write the bundle.
+
+Every file of the bundle shows confirmed figures where confirmation measured them (capacity
+and goodput at capacity: the replicates' mean) and marks the others "single run", so that the
+fallback plan and the Pareto chart never contradict the decision.
 
 The bundle goes to ``<study>/promoted/``, built beside it and swapped in whole, so readers
 see the previous bundle or the new one, never half of one. It holds
@@ -12,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,8 +52,16 @@ from autotuner.records.manifest import (
     StudySource,
     Verdicts,
 )
-from autotuner.records.trial import PromotionNote, StudyRecord, TrialRecord
-from autotuner.search.confirm import Decision, Replicate, decide, interleaved_order
+from autotuner.records.trial import CapacityRecord, PromotionNote, StudyRecord, TrialRecord
+from autotuner.search.capacity_compare import select_for_confirmation
+from autotuner.search.confirm import (
+    Decision,
+    Replicate,
+    decide,
+    decide_without_baseline,
+    interleaved_order,
+    not_confirmed,
+)
 from autotuner.search.pareto import Candidate, pareto_front, rank
 from autotuner.search.space import SearchSpace
 from autotuner.search.study import feasible
@@ -55,10 +69,13 @@ from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import Sla, to_yaml
 
 Say = Callable[[str], None]
-# Runs one confirmation launch: (params, run directory, load) -> result.
+# Runs one confirmation launch: (params, run directory, claimed capacity) -> result, a narrow
+# capacity search around the claim.
 ConfirmRun = Callable[[Mapping[str, ParamValue], Path, float], TrialResult]
 
-SUMMARY = ("goodput", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms", "peak_memory_gib")
+SUMMARY = ("capacity", "goodput", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms", "peak_memory_gib")
+# Measured by confirmation replicates (the rest is the search's single run at the SLA's load).
+CONFIRMED_METRICS = ("capacity", "goodput")
 
 
 @dataclass(frozen=True)
@@ -104,86 +121,124 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     ]
 
 
+def search_capacity(ctx: Context, number: int) -> CapacityRecord | None:
+    """A trial's capacity from the search (a single run); older studies: from its file."""
+    r = TrialRecord.from_trial(ctx.study.trials[number])
+    if r.capacity is not None:
+        return r.capacity
+    trial = _trial_file(ctx, number)
+    return trial.found_capacity() if trial is not None else None
+
+
 def confirm(
     ctx: Context, ranked: list[Candidate], run: ConfirmRun, say: Say
-) -> tuple[Decision, list[Replicate], float, dict[str, Candidate]]:
-    """Re-measure the top candidates and the baseline, interleaved, at one common load."""
+) -> tuple[Decision, list[Replicate], dict[str, Candidate]]:
+    """Decide whether a candidate replaces the baseline (see :mod:`autotuner.search.confirm`);
+    launches only when a candidate leads by more than the resolution."""
     sla = ctx.sla
     spec = sla.tune.confirm
-    by_number = {t.number: t for t in ctx.study.get_trials(deepcopy=False)}
+    resolution = sla.tune.capacity_resolution
     top = [c for c in ranked if not c.baseline][: spec.candidates]
     configs: dict[str, Candidate] = {f"trial-{c.trial}": c for c in top}
+    claims = {name: search_capacity(ctx, c.trial) for name, c in configs.items()}
     base = next((c for c in candidates(ctx.study) if c.baseline), None)
-    if base is not None:
-        configs["baseline"] = base
-    lead = top[0] if top else base
-    assert lead is not None
-    load = _common_load(
-        TrialRecord.from_trial(by_number[lead.trial]).max_load or _sla_load(sla),
-        TrialRecord.from_trial(by_number[base.trial]).max_load if base is not None else None,
+    if base is None:
+        lead = next(iter(configs))
+        reps = _replicates(ctx, {lead: configs[lead]}, claims, spec.replicates, run, say)
+        return decide_without_baseline(reps, [lead]), reps, configs
+    configs["baseline"] = base
+    claims["baseline"] = search_capacity(ctx, base.trial)
+    base_value = _held(claims["baseline"], base)
+    selection = select_for_confirmation(
+        {name: _held(claims[name], c) for name, c in configs.items() if name != "baseline"},
+        base_value,
+        resolution,
+        limit=spec.candidates,
     )
+    if not selection.labels:
+        return not_confirmed(f"kept the baseline, no launch spent: {selection.reason}"), [], configs
+    if spec.replicates < 2:
+        lead = selection.labels[0]
+        if not base_value:
+            why = (
+                f"promoted {lead} without confirmation: the baseline missed the SLA at its own "
+                f"load in the search and {lead} met it (single runs; tune.confirm.replicates "
+                f"{spec.replicates} cannot measure the spread)"
+            )
+            return not_confirmed(why, lead), [], configs
+        why = (
+            f"kept the baseline, no launch spent: {selection.reason}, but with "
+            f"tune.confirm.replicates {spec.replicates} no confirmation can measure the spread "
+            "(at least 2 are needed), so none could promote it"
+        )
+        return not_confirmed(why), [], configs
+    say(selection.reason)
+    chosen = {name: configs[name] for name in selection.labels}
+    chosen["baseline"] = base
+    reps = _replicates(ctx, chosen, claims, spec.replicates, run, say)
+    decision = decide(
+        reps,
+        list(selection.labels),
+        min_effect=spec.min_effect,
+        confidence=sla.tune.confidence,
+        resolution=resolution,
+    )
+    return decision, reps, configs
+
+
+def _held(cap: CapacityRecord | None, c: Candidate) -> float | None:
+    """The capacity a config held in the search: 0 when it missed the SLA at its own load."""
+    if not c.feasible:
+        return 0.0
+    return None if cap is None else cap.value
+
+
+def _replicates(
+    ctx: Context,
+    configs: Mapping[str, Candidate],
+    claims: Mapping[str, CapacityRecord | None],
+    replicates: int,
+    run: ConfirmRun,
+    say: Say,
+) -> list[Replicate]:
+    """Interleaved confirmation launches, each a capacity search around the config's claim."""
     names = list(configs)
-    plan = interleaved_order(names, spec.replicates)
-    say(
-        f"confirming {', '.join(names)} at {load:.2f} {_unit(sla)}: "
-        f"{len(plan)} launches, interleaved"
-    )
+    plan = interleaved_order(names, replicates)
+    unit = _unit(ctx.sla)
+    own = _sla_load(ctx.sla)
+    around = {}
+    for name in names:
+        cap = claims.get(name)
+        around[name] = cap.value if cap is not None and cap.value > 0 else own
+    shown = ", ".join(f"{n} around {around[n]:.3g}" for n in names)
+    say(f"confirming by capacity ({unit}): {shown}; {len(plan)} launches, interleaved")
     reps: list[Replicate] = []
     for i, (r, name) in enumerate(plan, 1):
         run_dir = ctx.study_dir / "confirm" / f"{name}-r{r}"
         say(f"confirmation {i}/{len(plan)}: {name}, replicate {r + 1}")
-        res = run(configs[name].params, run_dir, load)
-        level = res.levels[0] if res.levels else None
-        reps.append(
-            Replicate(
-                config=name,
-                replicate=r,
-                goodput=level.metrics.get("goodput") if level else None,
-                feasible=bool(level and level.feasible),
-                metrics=dict(level.metrics) if level else {},
-                run_dir=str(run_dir.relative_to(ctx.study_dir)),
-                slack=_slack(level.margins) if level else None,
-            )
-        )
-        g = reps[-1].goodput
-        say(
-            f"  -> goodput {'-' if g is None else f'{g:.2f}'}, "
-            f"{'meets' if reps[-1].feasible else 'misses'} the SLA"
-        )
-    if base is None:
-        decision = _without_baseline(reps, names)
-    else:
-        decision = decide(reps, [n for n in names if n != "baseline"], spec.min_effect)
-    return decision, reps, float(load), configs
+        res = run(configs[name].params, run_dir, around[name])
+        reps.append(_replicate(name, r, res, str(run_dir.relative_to(ctx.study_dir))))
+        got = reps[-1].capacity
+        say("  -> failed to launch" if got is None else f"  -> capacity {got:.3g} {unit}")
+    return reps
 
 
-def _common_load(lead_max: float, base_max: float | None) -> float:
-    """Where to compare: the geometric mean of the two highest sustained loads when the lead
-    sustained more, so that neither runs exactly at its own (noisy) edge; else the lead's."""
-    if base_max and base_max < lead_max:
-        return float((lead_max * base_max) ** 0.5)
-    return float(lead_max)
-
-
-def _slack(margins: Mapping[str, float | None]) -> float | None:
-    values = [m for m in margins.values() if m is not None]
-    if len(values) < len(margins):
-        return -1.0  # a constraint could not be measured at all: far outside
-    return -max(values) if values else None
-
-
-def _without_baseline(reps: list[Replicate], names: list[str]) -> Decision:
-    ok = [n for n in names if all(r.feasible for r in reps if r.config == n)]
-    chosen = ok[0] if ok else names[0]
-    return Decision(
-        chosen,
-        False,
-        None,
-        0.0,
-        0.0,
-        "the baseline could not be measured (it failed to start); promoted the "
-        "best-ranked candidate" + ("" if ok else ", which missed the SLA in a replicate"),
-        {},
+def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
+    cap = None if res.status == "failed" else res.found_capacity()
+    level = None
+    if res.levels:
+        level = res.levels[res.best if res.best is not None else 0]
+    return Replicate(
+        config=name,
+        replicate=r,
+        capacity=None if cap is None else cap.value,
+        low=None if cap is None else cap.low,
+        high=None if cap is None else cap.high,
+        stopped_by=None if cap is None else cap.stopped_by,
+        goodput=res.metric("goodput"),
+        feasible=res.feasible,
+        metrics=dict(level.metrics) if level else {},
+        run_dir=run_dir,
     )
 
 
@@ -207,10 +262,10 @@ def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
     if not ranked:
         say("no measured config met the SLA: nothing to promote (see `autotuner report`)")
         nothing = NoDecision(reason="no measured config met the SLA")
-        manifest = _manifest(ctx, None, nothing, [], 0.0, ranked, {})
+        manifest = _manifest(ctx, None, nothing, [], ranked, {})
         manifest.write(ctx.study_dir / "no_promotion.json")
         return manifest.to_data()
-    decision, reps, load, configs = confirm(ctx, ranked, run, say)
+    decision, reps, configs = confirm(ctx, ranked, run, say)
     chosen = configs[decision.promoted]
     meets = chosen.feasible
     if not meets:
@@ -224,7 +279,7 @@ def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
         )
     say(f"promoted {decision.promoted}: {decision.reason}")
     record = DecisionRecord.model_validate(decision.to_dict())
-    manifest = _manifest(ctx, chosen, record, reps, load, ranked, configs, meets)
+    manifest = _manifest(ctx, chosen, record, reps, ranked, configs, meets)
     write_bundle(ctx, manifest, chosen, front, ranked)
     note = PromotionNote(
         promoted=decision.promoted,
@@ -243,11 +298,26 @@ def _trial_file(ctx: Context, number: int) -> TrialResult | None:
     return TrialResult.read(ctx.study_dir / rel)
 
 
+def _confirmed_load(reps: list[Replicate], chosen: Candidate) -> float | None:
+    """A load the promoted config met the SLA at in every confirmation replicate (the lowest
+    of their capacities' low edges), for readers that re-check it at one load
+    (compare-engines, the daemon); None without replicates or when one missed."""
+    lows = [r.low for r in reps if r.config == _label(chosen)]
+    if not lows or any(low is None or low <= 0 for low in lows):
+        return None
+    return min(low for low in lows if low is not None)
+
+
 def _spread(reps: list[Replicate], name: str) -> dict[str, Spread]:
+    """Per metric, the replicates' mean/min/max: capacity from the replicate's search, the
+    others at its capacity (the highest level that met the SLA)."""
     out: dict[str, Spread] = {}
     mine = [r for r in reps if r.config == name]
     for metric in SUMMARY:
-        vals = [v for r in mine if (v := r.metrics.get(metric)) is not None]
+        if metric == "capacity":
+            vals = [r.capacity for r in mine if r.capacity is not None]
+        else:
+            vals = [v for r in mine if (v := r.metrics.get(metric)) is not None]
         out[metric] = Spread(
             mean=sum(vals) / len(vals) if vals else None,
             min=min(vals) if vals else None,
@@ -316,13 +386,13 @@ def _manifest(
     chosen: Candidate | None,
     decision: DecisionRecord | NoDecision,
     reps: list[Replicate],
-    load: float,
     ranked: list[Candidate],
     configs: Mapping[str, Candidate],
     meets: bool = False,
 ) -> Manifest:
     sla = ctx.sla
     trial = _trial_file(ctx, chosen.trial) if chosen else None
+    measured = sorted({r.config for r in reps})
     return Manifest(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         study=sla.name,
@@ -331,11 +401,11 @@ def _manifest(
         measurements=None
         if chosen is None
         else Measurements(
-            search=_search(chosen, trial),
+            search=_search(chosen, trial, search_capacity(ctx, chosen.trial)),
             confirmation=Confirmation(
-                load=load,
+                load=_confirmed_load(reps, chosen),
                 load_unit=_unit(sla),
-                spread={name: _spread(reps, name) for name in configs},
+                spread={name: _spread(reps, name) for name in measured},
                 replicates=[ReplicateRecord.model_validate(r.__dict__) for r in reps],
             ),
         ),
@@ -375,11 +445,14 @@ def _promoted(
     )
 
 
-def _search(chosen: Candidate, trial: TrialResult | None) -> SearchMeasurement:
+def _search(
+    chosen: Candidate, trial: TrialResult | None, capacity: CapacityRecord | None
+) -> SearchMeasurement:
     return SearchMeasurement(
         trial=chosen.trial,
         at_sla_load=trial.levels[0].metrics if trial and trial.levels else None,
         max_load_meeting_sla=trial.max_load if trial else None,
+        capacity=capacity,
         levels=[
             LevelSummary(load=lv.load, feasible=lv.feasible, goodput=lv.metrics.get("goodput"))
             for lv in (trial.levels if trial else ())
@@ -431,34 +504,118 @@ def _profile(ctx: Context, cand: Candidate, title: str) -> report.LatencyProfile
     return report.LatencyProfile(title, pct, phases)
 
 
+def _label(c: Candidate) -> str:
+    return "baseline" if c.baseline else f"trial-{c.trial}"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the bundle's files show for each config: confirmation replicates' means where
+    they exist (capacity, goodput at capacity), the search's single run otherwise."""
+
+    confirmed: dict[str, dict[str, float | None]]  # config label -> metric -> mean
+    replicates: dict[str, int]  # config label -> replicates
+    comparisons: dict[str, dict[str, Any]]  # candidate label -> its comparison with baseline
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> Figures:
+        conf = manifest.measurements.confirmation if manifest.measurements else None
+        confirmed: dict[str, dict[str, float | None]] = {}
+        replicates: dict[str, int] = {}
+        for name, spreads in (conf.spread if conf else {}).items():
+            n = spreads["capacity"].replicates if "capacity" in spreads else 0
+            if n:
+                confirmed[name] = {m: spreads[m].mean for m in CONFIRMED_METRICS if m in spreads}
+                replicates[name] = n
+        d = manifest.decision
+        comparisons = dict(d.comparisons) if isinstance(d, DecisionRecord) else {}
+        return cls(confirmed, replicates, comparisons)
+
+    def metrics(self, c: Candidate) -> dict[str, float | None]:
+        """``c``'s search metrics, with the confirmed means where confirmation has them."""
+        mine = self.confirmed.get(_label(c), {})
+        return {**c.metrics, **{m: v for m, v in mine.items() if v is not None}}
+
+    def basis(self, c: Candidate, names: Sequence[str]) -> dict[str, str]:
+        n = self.replicates.get(_label(c))
+        return {
+            m: f"mean of {n} replicates" if n and m in CONFIRMED_METRICS else "single run"
+            for m in names
+        }
+
+    def point_basis(self, c: Candidate) -> str:
+        n = self.replicates.get(_label(c))
+        return f"confirmed, {n} replicates" if n else "single run"
+
+    def capacity_change(self, c: Candidate, chosen: Candidate) -> str | None:
+        """The confirmed capacity change of ``c`` against ``chosen``, with its interval and
+        the decision's verdict (None when confirmation did not compare the two)."""
+        if c.baseline and not chosen.baseline:
+            cmp, flip = self.comparisons.get(_label(chosen)), True
+        elif chosen.baseline and not c.baseline:
+            cmp, flip = self.comparisons.get(_label(c)), False
+        else:
+            return None
+        if not cmp or cmp.get("effect") is None:
+            return None
+        effect, low, high = cmp["effect"], cmp.get("low"), cmp.get("high")
+        words = {
+            "better": ("higher", "lower"),
+            "worse": ("lower", "higher"),
+            "no_difference": ("no difference",) * 2,
+            "not_enough_data": ("not resolved",) * 2,
+        }.get(str(cmp.get("verdict")), ("?", "?"))
+        if flip:  # the baseline against the promoted candidate: invert the ratio
+            effect = 1 / (1 + effect) - 1
+            low, high = (
+                None if high is None else 1 / (1 + high) - 1,
+                None if low is None else 1 / (1 + low) - 1,
+            )
+        span = "" if low is None or high is None else f" [{low * 100:+.1f}, {high * 100:+.1f}]"
+        return f"{effect * 100:+.1f} %{span} (confirmed: {words[1 if flip else 0]})"
+
+
 def _fallbacks(
-    ctx: Context, chosen: Candidate, ranked: list[Candidate], base: Candidate | None
+    ctx: Context,
+    chosen: Candidate,
+    ranked: list[Candidate],
+    base: Candidate | None,
+    figures: Figures,
 ) -> list[report.Fallback]:
     others = [c for c in ranked if c.trial != chosen.trial]
     if base is not None and base.trial != chosen.trial and base not in others:
         others.append(base)
+    promoted = figures.metrics(chosen)
     out = []
     for i, c in enumerate(others, 1):
+        mine = figures.metrics(c)
         cost = {}
         for m in SUMMARY:
-            a, b = c.metrics.get(m), chosen.metrics.get(m)
+            a, b = mine.get(m), promoted.get(m)
             cost[m] = (a - b) / b if a is not None and b not in (None, 0) else None
         what = "baseline (engine defaults)" if c.baseline else f"trial {c.trial} (Pareto point)"
+        change = figures.capacity_change(c, chosen)
+        both = _label(c) in figures.replicates and _label(chosen) in figures.replicates
         out.append(
             report.Fallback(
                 rank=i,
                 label=what,
                 params=c.params,
                 argv=_serve_argv(ctx, c.params),
-                metrics={m: c.metrics.get(m) for m in SUMMARY},
+                metrics={m: mine.get(m) for m in SUMMARY},
                 cost=cost,
                 triggers=report.trigger_sentences(
                     c.params,
-                    c.metrics,
+                    mine,
                     promoted_params=chosen.params,
-                    promoted_metrics=chosen.metrics,
+                    promoted_metrics=promoted,
                     is_baseline=c.baseline,
+                    rate_margin=ctx.sla.tune.capacity_resolution,
+                    rate_settled=both,
+                    rate_basis=None if both else "single runs of the search, not confirmed",
                 ),
+                basis=figures.basis(c, SUMMARY),
+                change_text={"capacity": change} if change else {},
             )
         )
     return out
@@ -480,22 +637,27 @@ def write_bundle(
     front_ids = {c.trial for c in front}
     cands = candidates(ctx.study)
     base = next((c for c in cands if c.baseline), None)
+    figures = Figures.of(manifest)
     points = [
         report.Point(
             trial=c.trial,
-            values={m: v for m, v in zip(objs, c.values, strict=True)},
+            values={
+                m: figures.metrics(c).get(m, v) if m in CONFIRMED_METRICS else v
+                for m, v in zip(objs, c.values, strict=True)
+            },
             feasible=c.feasible,
             on_front=c.trial in front_ids,
             promoted=c.trial == chosen.trial,
             baseline=c.baseline,
             params=c.params,
+            basis=figures.point_basis(c),
         )
         for c in cands
     ]
     manifest.write(tmp / "optimization_manifest.json")
     ctx.hardware.write_csv(tmp / "hardware_profile.csv")
     (tmp / "pareto.csv").write_text(
-        report.pareto_csv(points, list(dict.fromkeys([*objs, "p99_ttft_ms"])))
+        report.pareto_csv(points, list(dict.fromkeys([*objs, "p99_ttft_ms"])), figures=True)
     )
     better = {o.metric: ("max" if o.direction == "maximize" else "min") for o in sla.objectives}
     y = objs[1] if len(objs) > 1 else None
@@ -518,16 +680,26 @@ def write_bundle(
         )
     )
     reason = manifest.decision.reason if manifest.decision else ""
+    if figures.replicates:
+        where = (
+            "capacity and goodput at capacity marked 'mean of N replicates' come from the "
+            "confirmation replicates; every figure marked 'single run' is one launch of the "
+            "search (latencies at the SLA's own load)"
+        )
+    else:
+        where = "no confirmation launch was run: every figure is a single run of the search"
     (tmp / "fallback_plan.md").write_text(
         report.fallback_plan_md(
             sla.name,
             f"{'baseline (engine defaults)' if chosen.baseline else f'trial {chosen.trial}'}",
-            {m: chosen.metrics.get(m) for m in SUMMARY},
-            _fallbacks(ctx, chosen, ranked, base),
+            {m: figures.metrics(chosen).get(m) for m in SUMMARY},
+            _fallbacks(ctx, chosen, ranked, base, figures),
             [
                 reason,
+                where,
                 f"engine: {ctx.engine_version}; hardware: {ctx.hardware.summary().splitlines()[0]}",
             ],
+            promoted_basis=figures.basis(chosen, SUMMARY),
         )
     )
     _write_deploy(ctx, tmp / "deploy", chosen)

@@ -42,6 +42,8 @@ class Point:
     promoted: bool
     baseline: bool
     params: dict[str, object] = field(default_factory=dict)
+    # Where the values come from: "single run" (the search) or "confirmed, N replicates".
+    basis: str = "single run"
 
     @property
     def role(self) -> str:
@@ -75,6 +77,12 @@ class Fallback:
     metrics: dict[str, float | None]
     cost: dict[str, float | None]  # relative to the promoted config: -0.12 is 12 % lower
     triggers: list[str]
+    # Per metric, where this config's figure comes from ("single run", "confirmed, 3
+    # replicates"); shown beside it when given.
+    basis: dict[str, str] = field(default_factory=dict)
+    # Per metric, a change column text that replaces the plain ratio (a confirmed effect
+    # with its interval and verdict).
+    change_text: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,6 +90,7 @@ class Fallback:
 
 _LATENCY = re.compile(r"^(?P<kind>p\d+(?:\.\d+)?|mean)_(?P<m>ttft|tpot|itl|e2e)_ms$")
 _NAMES = {
+    "capacity": "capacity",
     "goodput": "goodput",
     "request_rate": "request rate",
     "output_tokens_per_s": "output tokens",
@@ -100,7 +109,7 @@ def metric_unit(name: str) -> str:
         return "GiB"
     if name.endswith("tokens_per_s"):
         return "tok/s"
-    if name in ("goodput", "request_rate") or name.endswith("_req_per_s"):
+    if name in ("capacity", "goodput", "request_rate") or name.endswith("_req_per_s"):
         return "req/s"
     return ""
 
@@ -166,18 +175,22 @@ def _finite(value: float | None) -> float | None:
 # CSV
 
 
-def pareto_csv(points: Sequence[Point], metrics: Sequence[str]) -> str:
-    """One row per trial: trial, role, feasible, each metric (empty when missing), params JSON.
+def pareto_csv(points: Sequence[Point], metrics: Sequence[str], *, figures: bool = False) -> str:
+    """One row per trial: trial, role, feasible, each metric (empty when missing), params JSON;
+    with ``figures``, a ``figures`` column after ``feasible`` says where the values come from
+    (each point's ``basis``).
 
     Floats are written with ``repr`` so they read back exactly.
     """
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["trial", "role", "feasible", *metrics, "params"])
+    extra = ["figures"] if figures else []
+    writer.writerow(["trial", "role", "feasible", *extra, *metrics, "params"])
     for p in sorted(points, key=lambda p: p.trial):
         values = [_csv_number(p.values.get(m)) for m in metrics]
         params = json.dumps(p.params, sort_keys=True, separators=(",", ":"), default=str)
-        writer.writerow([p.trial, p.role, str(p.feasible).lower(), *values, params])
+        basis = [p.basis] if figures else []
+        writer.writerow([p.trial, p.role, str(p.feasible).lower(), *basis, *values, params])
     return buf.getvalue()
 
 
@@ -391,6 +404,12 @@ def pareto_svg(
         sub += f", {sum(p.on_front and p.feasible for p, _, _ in shown)} on the front"
     if missing:
         sub += f"; {missing} without a value not shown"
+    confirmed = [p for p, _, _ in shown if p.basis != "single run"]
+    if confirmed:
+        names = ", ".join(f"trial {p.trial}" for p in sorted(confirmed, key=lambda p: p.trial))
+        sub += f"; confirmed in replicates: {names}, others single runs"
+    elif shown:
+        sub += "; single runs"
 
     body = [_text(left, 26, heading, size=16, weight="bold"), _text(left, 45, sub, fill=_AXIS)]
     body += _axes(sx, sy, left, right, top, bottom)
@@ -482,6 +501,7 @@ def _marker(p: Point, px: float, py: float, x: str, y: str, vx: float, vy: float
     tip = f"trial {p.trial} ({p.role}): {metric_name(y)} {format_value(y, vy)}"
     if x != "trial":
         tip += f", {metric_name(x)} {format_value(x, vx)}"
+    tip += f" ({p.basis})"
     if p.params:
         tip += "\n" + ", ".join(f"{k}={v}" for k, v in p.params.items())
     parts = [f'<g class="point {p.role}" data-trial="{p.trial}">', f"<title>{escape(tip)}</title>"]
@@ -779,19 +799,30 @@ def _bar_axis(scale: _Scale, y: float) -> list[str]:
 # Fallback plan
 
 
+def _cell(name: str, value: float | None, basis: Mapping[str, str]) -> str:
+    """A table cell: the value, and where it comes from when that is known."""
+    text = format_value(name, value)
+    return f"{text} ({basis[name]})" if name in basis and value is not None else text
+
+
 def fallback_plan_md(
     study: str,
     promoted_label: str,
     promoted_metrics: Mapping[str, float | None],
     fallbacks: Sequence[Fallback],
     notes: Sequence[str],
+    promoted_basis: Mapping[str, str] | None = None,
 ) -> str:
     """A runbook in Markdown: what is promoted, then each fallback by rank with when to switch
-    to it, what it costs against the promoted config, and the exact command that serves it."""
+    to it, what it costs against the promoted config, and the exact command that serves it.
+
+    ``promoted_basis`` and each fallback's ``basis`` say per metric where a figure comes from
+    (confirmation replicates or a single run of the search); they are shown beside it."""
+    pb = promoted_basis or {}
     out = [f"# Fallback plan: {study}", "", f"Promoted: **{promoted_label}**", ""]
     if promoted_metrics:
         out += ["| metric | measured |", "|---|---|"]
-        out += [f"| {metric_name(k)} | {format_value(k, v)} |" for k, v in promoted_metrics.items()]
+        out += [f"| {metric_name(k)} | {_cell(k, v, pb)} |" for k, v in promoted_metrics.items()]
         out.append("")
     if not fallbacks:
         out += [
@@ -814,10 +845,11 @@ def fallback_plan_md(
             out += ["**Measured, against the promoted config**", ""]
             out += ["| metric | this config | promoted | change |", "|---|---|---|---|"]
             for k in keys:
+                change = fb.change_text.get(k) or format_change(k, fb.cost.get(k))
                 out.append(
-                    f"| {metric_name(k)} | {format_value(k, fb.metrics.get(k))} "
-                    f"| {format_value(k, promoted_metrics.get(k))} "
-                    f"| {format_change(k, fb.cost.get(k))} |"
+                    f"| {metric_name(k)} | {_cell(k, fb.metrics.get(k), fb.basis)} "
+                    f"| {_cell(k, promoted_metrics.get(k), pb)} "
+                    f"| {change} |"
                 )
             out.append("")
         if fb.params:
@@ -874,8 +906,17 @@ def trigger_sentences(
     promoted_params: Mapping[str, object],
     promoted_metrics: Mapping[str, float | None],
     is_baseline: bool,
+    rate_margin: float = 0.02,
+    rate_settled: bool = False,
+    rate_basis: str | None = None,
 ) -> list[str]:
     """When to switch from the promoted config to this one, from how the two differ.
+
+    The load trigger compares ``capacity`` when both configs have one (else goodput, else the
+    request rate) and needs a lead above ``rate_margin`` (the capacity resolution: less is
+    inside one measurement). ``rate_settled``: confirmation compared the two and promoted the
+    other one, so no load trigger (it would contradict the decision). ``rate_basis`` (e.g.
+    "single runs") is added to the load trigger's sentence.
 
     Less memory (a lower ``gpu_memory_utilization`` / ``max_num_seqs`` / ``max_model_len`` /
     ``max_num_batched_tokens``, or a measured peak lower by more than 2 %) -> out-of-memory at
@@ -925,15 +966,19 @@ def trigger_sentences(
         )
 
     rate_key = "goodput" if "goodput" in metrics else "request_rate"
+    if _finite(metrics.get("capacity")) and _finite(promoted_metrics.get("capacity")):
+        rate_key = "capacity"
     mine_rate, theirs_rate = _finite(metrics.get(rate_key)), _finite(promoted_metrics.get(rate_key))
     if (
-        mine_rate is not None
+        not rate_settled
+        and mine_rate is not None
         and theirs_rate is not None
-        and mine_rate > theirs_rate * (1 + _MARGIN)
+        and mine_rate > theirs_rate * (1 + max(rate_margin, _MARGIN))
     ):
         out.append(
             f"the SLA is violated above {theirs_rate:.2f} req/s (the promoted config's measured "
             f"{metric_name(rate_key)}): this one kept it up to {mine_rate:.2f} req/s"
+            + (f" ({rate_basis})" if rate_basis else "")
         )
     faster = []
     for key, value in promoted_metrics.items():

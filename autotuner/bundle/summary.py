@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.records.manifest import Manifest
+from autotuner.records.manifest import DecisionRecord, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import placement
 from autotuner.search.study import feasible
@@ -51,7 +51,7 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     lines.append("objectives: " + ", ".join(f"{d.name.lower()} {m}" for d, m in pairs))
     lines.append("")
     lines.append(
-        f"{'#':>3}  {'role':<9} {'status':<18} {'goodput':>8} {'max load':>8} "
+        f"{'#':>3}  {'role':<9} {'status':<18} {'capacity':>8} {'bracket':>13} {'goodput':>8} "
         f"{'p99 TTFT':>9} {'p99 TPOT':>9}  params / reason"
     )
     trials = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
@@ -65,11 +65,16 @@ def render(study: optuna.Study, study_dir: Path) -> str:
         note = json.dumps(params) if params else "engine defaults"
         if r.reason and not feasible(t):
             note += f" -- {r.reason}"
+        cap = r.capacity.value if r.capacity else r.max_load
         lines.append(
             f"{t.number:>3}  {r.role or '-':<9} {_status(t, r):<18} "
-            f"{_num(m.get('goodput')):>8} {_num(r.max_load):>8} "
+            f"{_num(cap):>8} {_bracket(r):>13} {_num(m.get('goodput')):>8} "
             f"{_num(m.get('p99_ttft_ms'), 0):>9} {_num(m.get('p99_tpot_ms'), 1):>9}  {note}"
         )
+    lines.append(
+        "capacity: the highest load meeting the SLA, goodput at capacity (single runs of the "
+        "search); latencies at the SLA's own load"
+    )
     promotion = s.promotion
     lines.append("")
     manifest = study_dir / "promoted" / "optimization_manifest.json"
@@ -81,6 +86,7 @@ def render(study: optuna.Study, study_dir: Path) -> str:
         if manifest.exists():
             data = Manifest.read(manifest)
             tuned = data.promoted.tuned_params if data.promoted else {}
+            lines += _confirmation(data)
             lines.append(f"pareto front (ranked): {data.pareto_front}")
             lines.append(f"tuned params: {json.dumps(tuned)}")
             lines.append(f"bundle: {manifest.parent}")
@@ -90,3 +96,40 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     if any(p.node for p in placements):  # ran on Ray: where each launch went
         lines += ["", placement.render(placements)]
     return "\n".join(lines)
+
+
+def _bracket(r: TrialRecord) -> str:
+    """The capacity's bracket, ``low-high`` (``>=low`` when nothing above it missed)."""
+    cap = r.capacity
+    if cap is None or cap.stopped_by == "legacy":
+        return "-"
+    if cap.low <= 0:
+        return cap.stopped_by
+    if cap.high is None:
+        return f">={cap.low:.3g}"
+    return f"{cap.low:.3g}-{cap.high:.3g}"
+
+
+def _confirmation(m: Manifest) -> list[str]:
+    """What confirmation measured (confirmed figures), or that it spent nothing."""
+    d = m.decision
+    if not isinstance(d, DecisionRecord) or d.basis != "capacity":
+        return []
+    if not d.confirmed:
+        return ["confirmation: none run (no launch spent); every figure above is a single run"]
+    out = []
+    conf = m.measurements.confirmation if m.measurements else None
+    unit = f" {conf.load_unit}" if conf and conf.load_unit else ""
+    for name, st in d.per_config.items():
+        caps = ", ".join("-" if c is None else f"{c:.3g}" for c in st.capacities)
+        mean = "-" if st.capacity_mean is None else f"{st.capacity_mean:.3g}"
+        out.append(
+            f"confirmed capacity of {name}: {mean}{unit} (mean of {st.replicates} "
+            f"replicates: {caps})"
+        )
+    if d.effect is not None and d.effect_low is not None and d.effect_high is not None:
+        out.append(
+            f"effect: {d.effect:+.1%} [{d.effect_low:+.1%}, {d.effect_high:+.1%}] at "
+            f"{d.confidence or 0.95:.0%} ({(d.verdict or '?').replace('_', ' ')})"
+        )
+    return out

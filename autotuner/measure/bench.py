@@ -61,14 +61,21 @@ LEVEL_INDEX_STRIDE = 1_000_000
 
 
 def build_plan(
-    sla: Sla, model_dir: Path, arrival: Arrival | None = None, level: int = 0
+    sla: Sla,
+    model_dir: Path,
+    arrival: Arrival | None = None,
+    level: int = 0,
+    requests: int | None = None,
 ) -> LoadPlan:
     """The SLA's workload as a load plan; ``arrival`` overrides the SLA's (rate probing).
 
     ``level`` > 0 is a later load level on an engine that already served the earlier ones:
     no warm-up, and requests (prompts, dataset rows) that the earlier levels did not send.
+    ``requests`` overrides the workload's request count (every level of a launch the same:
+    levels sized for a percentile, :mod:`autotuner.measure.levels`).
     """
     w = sla.workload
+    requests = requests or w.requests
     dataset = load_dataset(sla.resolve_path(w.dataset)) if w.dataset else ()
     out = length_dist(w.output_tokens) if w.output_tokens is not None else LengthDist.fixed(128)
     factory = RequestFactory(
@@ -78,13 +85,13 @@ def build_plan(
         output_len=out,
         seed=w.seed,
         dataset=dataset,
-        first_index=level * (w.requests or LEVEL_INDEX_STRIDE),
+        first_index=level * (requests or LEVEL_INDEX_STRIDE),
     )
     return LoadPlan(
         api=w.api,
         factory=factory,
         arrival=arrival or arrival_of(sla),
-        requests=w.requests,
+        requests=requests,
         duration_s=w.duration_s,
         warmup_requests=0 if level else w.warmup_requests,
         request_timeout_s=w.request_timeout_s,

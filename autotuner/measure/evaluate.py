@@ -23,6 +23,9 @@ from autotuner.sla.spec import Constraint, Sla
 
 _LATENCY = re.compile(r"^(p(?P<q>\d+(?:\.\d+)?)|mean)_(?P<m>ttft|tpot|itl|e2e)_ms$")
 TABLE_PERCENTILES = (50.0, 90.0, 99.0)
+# Metrics of a launch, not of one load run: ``capacity`` comes from the launch's load levels
+# (autotuner.search.trial), so one run's evaluation leaves it None.
+LAUNCH_METRICS = frozenset({"capacity"})
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,11 @@ def evaluate(result: LoadResult, sla: Sla) -> Evaluation:
         value = metrics[c.metric] if c.metric in metrics else metric_value(result, c.metric, slos)
         metrics.setdefault(c.metric, value)
         verdicts.append(Verdict(c.key, c.metric, c.bound, c.limit, value, _margin(c, value)))
-    objectives = {}
+    objectives: dict[str, float | None] = {}
     for o in sla.objectives:
+        if o.metric in LAUNCH_METRICS:  # a property of a whole launch, not of one run
+            objectives[o.metric] = None
+            continue
         if o.metric not in metrics:
             metrics[o.metric] = metric_value(result, o.metric, slos)
         objectives[o.metric] = metrics[o.metric]

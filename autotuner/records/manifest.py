@@ -4,6 +4,11 @@ and where it came from. ``no_promotion.json`` has the same shape with ``promoted
 Written by promotion; read by `autotuner report`, `autotuner compare-engines` (the config and
 load to compare) and the daemon (the promotion it records). Sections have defaults where
 those readers can do without them.
+
+Version 2 (issue 16) decides by capacity: the search's ``capacity`` (value, bracket, unit, why
+it stopped), confirmation replicates that are capacity searches, and a decision with the
+effect's interval (``basis: capacity``). Version 0/1 manifests read with those fields empty
+and ``basis: goodput`` (their decision compared goodput at one common load).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotuner.core.types import ParamValue
 from autotuner.records.base import Record
+from autotuner.records.trial import CapacityRecord
 
 SCHEMA = "autotuner/optimization_manifest/1"  # the name the manifest carried before records
 
@@ -38,24 +44,38 @@ class ConfigStats(_Part):
     """One config's confirmation replicates, as the decision saw them."""
 
     replicates: int
-    slack_mean: float | None
-    slack_range: float | None
-    goodput_mean: float
-    goodput_min: float
-    goodput_max: float
-    goodput_spread: float  # relative range of the replicates
-    feasible_all: bool
-    feasible_count: int
+    feasible_count: int = 0
+    # Version 2: capacity replicates (None: a launch that failed)
+    capacities: list[float | None] = Field(default_factory=list)
+    capacity_mean: float | None = None
+    capacity_min: float | None = None
+    capacity_max: float | None = None
+    goodput_mean: float | None = None  # goodput at capacity (version 1: at the common load)
+    # Version 1: goodput at one common load
+    slack_mean: float | None = None
+    slack_range: float | None = None
+    goodput_min: float | None = None
+    goodput_max: float | None = None
+    goodput_spread: float | None = None  # relative range of the replicates
+    feasible_all: bool | None = None
 
 
 class DecisionRecord(_Part):
     promoted: str
     promoted_is_baseline: bool
-    effect: float | None  # relative goodput win over the baseline
-    threshold: float
-    noise: float
     reason: str
-    per_config: dict[str, ConfigStats]
+    effect: float | None = None  # relative capacity win over the baseline (v1: goodput)
+    confirmed: bool = True  # replicates decided it (False: no launch was spent)
+    effect_low: float | None = None  # the effect's confidence interval
+    effect_high: float | None = None
+    confidence: float | None = None
+    min_effect: float | None = None
+    verdict: str | None = None  # better / worse / no_difference / not_enough_data
+    basis: str = "goodput"  # what was compared: "capacity" (version 2) or "goodput"
+    threshold: float | None = None  # version 1: what the goodput win had to exceed
+    noise: float | None = None  # version 1: run-to-run spread
+    per_config: dict[str, ConfigStats] = Field(default_factory=dict)
+    comparisons: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per candidate
 
 
 class NoDecision(_Part):
@@ -74,6 +94,7 @@ class SearchMeasurement(_Part):
     trial: int | None = None
     at_sla_load: dict[str, float | None] | None = None
     max_load_meeting_sla: float | None = None
+    capacity: CapacityRecord | None = None  # version 2: the launch's capacity (a single run)
     levels: list[LevelSummary] = Field(default_factory=list)
 
 
@@ -87,14 +108,20 @@ class Spread(_Part):
 class ReplicateRecord(_Part):
     config: str  # "baseline" or "trial-<n>"
     replicate: int
-    goodput: float | None
+    goodput: float | None  # version 2: goodput at the replicate's capacity
     feasible: bool
     metrics: dict[str, float | None]
     run_dir: str  # relative to the study directory
-    slack: float | None = None
+    slack: float | None = None  # version 1
+    capacity: float | None = None  # version 2 (0: missed the SLA at its own load)
+    low: float | None = None
+    high: float | None = None
+    stopped_by: str | None = None
 
 
 class Confirmation(_Part):
+    # Version 1: the common load of the comparison; version 2: a load the promoted config met
+    # the SLA at in every replicate (None: not confirmed). compare-engines re-checks there.
     load: float | None = None
     load_unit: str | None = None
     # Config label -> metric -> spread
@@ -159,6 +186,9 @@ class Decisions(_Part):
 
 class Manifest(Record):
     KIND = "optimization manifest"
+    SCHEMA_VERSION = 2
+
+    schema_version: int = 2
 
     schema_: str = Field(default=SCHEMA, alias="schema")
     created: str | None = None  # ISO 8601 UTC

@@ -5,16 +5,20 @@
 study with Optuna alone sees them. A trial's attributes are written in steps (role on ask,
 result on tell), each step through a record holding only the fields it sets; reading takes
 every field at once. Studies written before the record had a ``schema_version`` attribute
-have the same attributes and read as version 0.
+have the same attributes and read as version 0. Version 2 (issue 16) added ``capacity``;
+older trials have none, and readers fall back to ``max_load``.
 
 :class:`TrialFile` is ``trial.json``: a launch's result with every load level, written by
 the trial (or the executor that ran it) and read by promotion and the placement report.
+Version 2 added the launch's ``capacity`` and each level's verdicts; a version 0/1 file gets
+a capacity derived from its levels (the highest load that met the SLA, ``stopped_by``
+``legacy``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,6 +42,57 @@ class _Trial(Protocol):
     def user_attrs(self) -> dict[str, Any]: ...
 
 
+class CapacityRecord(BaseModel):
+    """A launch's capacity: the highest load that meets the SLA, inside a bracket.
+
+    ``low`` is the highest load measured to meet the SLA (0: none did), ``high`` the lowest
+    load above it that missed or stayed undecided (None: none did), ``value`` the estimate
+    between them. ``stopped_by`` says why the search ended (``resolution``: the bracket is
+    within ``resolution``; ``budget``: the launch's levels were spent; ``max_rate``;
+    ``infeasible_at_start``, ``infeasible``, ``undecided``; ``legacy``: derived from a record
+    written before capacities) and ``note`` says it in words.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    value: float
+    low: float
+    high: float | None
+    unit: str  # "req/s", or "concurrent requests" for a closed-loop workload
+    stopped_by: str
+    note: str = ""
+    resolution: float | None = None
+
+    @property
+    def width(self) -> float | None:
+        """(high - low) / low, the bracket's relative width (None: open or nothing met)."""
+        if self.high is None or self.low <= 0:
+            return None
+        return (self.high - self.low) / self.low
+
+    def describe(self) -> str:
+        """``4.1 req/s [4.0, 4.12]`` (or ``0 req/s: ...`` when nothing met the SLA)."""
+        if self.low <= 0:
+            return f"0 {self.unit} ({self.note or self.stopped_by})"
+        high = "open" if self.high is None else f"{self.high:.3g}"
+        return f"{self.value:.3g} {self.unit} [{self.low:.3g}, {high}]"
+
+
+def legacy_capacity(
+    loads: Sequence[tuple[float, bool]], load_kind: str, best: int | None
+) -> CapacityRecord | None:
+    """The capacity a record without one implies: the highest load that met the SLA (the
+    level ``best``) and the lowest load above it that did not. None without levels."""
+    if not loads:
+        return None
+    unit = "req/s" if load_kind == "rate" else "concurrent requests"
+    low = loads[best][0] if best is not None and 0 <= best < len(loads) else 0.0
+    above = [load for load, ok in loads if not ok and load > low]
+    high = min(above) if above else None
+    note = "derived from a record written before capacities were measured"
+    return CapacityRecord(value=low, low=low, high=high, unit=unit, stopped_by="legacy", note=note)
+
+
 METRIC_ATTR = "metric:"  # prefix of the user attribute of each measured metric
 CONSTRAINT_ATTR = "constraint:"  # prefix of the user attribute of each constraint's margin
 
@@ -56,13 +111,16 @@ class TrialRecord(Record):
     """A trial as the study keeps it (Optuna user attributes)."""
 
     KIND = "trial record"
+    SCHEMA_VERSION = 2
 
+    schema_version: int = 2
     role: Role | None = None
     config_key: str | None = None  # canonical JSON of the full engine params
     params_full: dict[str, ParamValue] | None = None  # fixed and suggested params together
     result_file: str | None = None  # trial.json, relative to the study directory
     status: TrialStatus | None = None
     max_load: float | None = None  # highest load that met the SLA
+    capacity: CapacityRecord | None = None  # the launch's capacity search (version 2)
     metrics: dict[str, float | None] = Field(default_factory=dict)
     reason: str | None = None  # why it was pruned, stopped early, failed or missed the SLA
     cause: str | None = None  # launch failure class
@@ -160,13 +218,21 @@ class LevelRecord(BaseModel):
     errors: dict[str, int]
     engine: dict[str, Any]  # the engine's own metrics over the level
     result_file: str  # the level's load result, next to trial.json
+    # Version 2: the level's verdict (meets / misses / undecided; None in older files), each
+    # constraint's, the requests it measured and how many runs at this load were pooled.
+    verdict: Literal["meets", "misses", "undecided"] | None = None
+    verdicts: dict[str, Literal["meets", "misses", "undecided"]] = Field(default_factory=dict)
+    requests: int | None = None
+    runs: int = 1
 
 
 class TrialFile(Record):
     """``trial.json``: what one launch measured, or why it could not be measured."""
 
     KIND = "trial file"
+    SCHEMA_VERSION = 2
 
+    schema_version: int = 2
     params: dict[str, ParamValue]
     status: TrialStatus
     load_kind: Literal["rate", "concurrency"]
@@ -180,6 +246,23 @@ class TrialFile(Record):
     duration_s: float = 0.0
     # Wall-clock span, executor, node, GPUs, log tail
     extra: dict[str, Any] = Field(default_factory=dict)
+    capacity: CapacityRecord | None = None  # the launch's capacity search (version 2)
     # Derived from the above, written for readers of the file.
     feasible: bool = False
     max_load: float | None = None
+
+    @classmethod
+    def upgrade(cls, data: dict[str, Any], version: int) -> dict[str, Any]:
+        """Versions 0 and 1 have no capacity: derive it from the levels."""
+        levels = data.get("levels")
+        if data.get("capacity") is not None or not isinstance(levels, list):
+            return data
+        try:
+            loads = [(float(lv["load"]), bool(lv["feasible"])) for lv in levels]
+        except (KeyError, TypeError, ValueError):
+            return data  # not the shape of a trial file: validation says what is wrong
+        best = data.get("best")
+        derived = legacy_capacity(
+            loads, str(data.get("load_kind")), best if isinstance(best, int) else None
+        )
+        return {**data, "capacity": None if derived is None else derived.model_dump()}

@@ -1,51 +1,71 @@
-"""Noise-aware confirmation: is the winner really better than the baseline?
+"""Confirmation by capacity: does a candidate really serve more than the engine defaults?
 
-The top candidates and the baseline are re-launched in interleaved order (A B C, B C A, ...),
-several replicates each, all at one common load (chosen by the caller: between the baseline's
-and the candidate's highest sustained load). A candidate must meet the SLA in every replicate,
-and then win in one of two ways:
+The search measured every config once; one capacity search has a resolution (its bracket) and
+run-to-run noise on top. Before anything is promoted over the baseline:
 
-- goodput: its mean goodput (requests per second meeting every per-request SLO) beats the
-  baseline's by more than the larger of the minimum effect and the run-to-run noise measured
-  here (the relative range, max-min over mean, of its replicates plus the baseline's); or
-- the SLA itself (with at least 3 replicates): the baseline missed the SLA in most of them,
-  and the candidate's mean slack (minus the worst constraint margin: how far inside every
-  limit it stayed) exceeds the baseline's by more than the two configs' slack ranges added.
-  With 2 replicates a range says too little about the noise (an A/A test promoted 4% of the
-  time in simulation), so this path needs 3 (0.4%).
+1. **Worth it?** Only candidates whose search capacity leads the baseline's by more than the
+   resolution are confirmed (:func:`select_for_confirmation`); when none does, nothing is
+   launched and the decision says so. Neither is anything launched when the replicates could
+   not decide (fewer than 2: no spread to measure): the decision says that too.
+2. **Replicates.** The baseline and the chosen candidates are launched again in interleaved
+   order (A B, B A, ...: :func:`interleaved_order`), ``tune.confirm.replicates`` times each.
+   Each launch is a narrow capacity search around that config's own claimed capacity
+   (``CapacitySearch.around``), never below the SLA's own load: a config that misses the SLA
+   there has capacity 0 in that replicate.
+3. **Decision.** Per candidate, :func:`compare_capacity` on the paired replicates (log-ratios,
+   Student t interval, a spread floor from the resolution). Only ``better`` promotes (the
+   largest effect among the better ones); otherwise the baseline stays, and the reason gives
+   each candidate's effect with its interval.
 
-Both tests are conservative on purpose: an A/A comparison (one config measured twice) must not
-promote. Otherwise the baseline stays, and the decision says why, with the numbers.
+Without a measured baseline (it failed to start) there is nothing to compare with: the lead
+is re-measured alone and promoted when it met the SLA at its own load in every replicate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from statistics import mean
+from dataclasses import asdict, dataclass, field
+from statistics import fmean
 from typing import Any
+
+from autotuner.search.capacity_compare import CapacityComparison, compare_capacity
 
 
 @dataclass(frozen=True)
 class Replicate:
+    """One confirmation launch of one config."""
+
     config: str  # "baseline" or "trial-<n>"
     replicate: int
-    goodput: float | None
-    feasible: bool
-    metrics: dict[str, float | None]
+    capacity: float | None  # None: the launch failed; 0: missed the SLA at its own load
+    low: float | None  # the capacity's bracket
+    high: float | None
+    stopped_by: str | None
+    goodput: float | None  # goodput at capacity (the highest level that met the SLA)
+    feasible: bool  # met the SLA at its own load (capacity > 0)
+    metrics: dict[str, float | None]  # at that level (the first level when none met)
     run_dir: str
-    slack: float | None = None  # -(worst constraint margin); > 0 means inside every limit
 
 
 @dataclass(frozen=True)
 class Decision:
+    """What promotion does, and why (the manifest's ``decision``)."""
+
     promoted: str  # config label
     promoted_is_baseline: bool
-    effect: float | None  # relative goodput win of the promoted candidate over the baseline
-    threshold: float  # what the win had to exceed
-    noise: float  # run-to-run spread measured
     reason: str
-    per_config: dict[str, dict[str, Any]]
+    confirmed: bool  # replicates were run and decided it
+    effect: float | None = None  # the promoted candidate's capacity over the baseline's, - 1
+    effect_low: float | None = None  # its confidence interval
+    effect_high: float | None = None
+    confidence: float | None = None
+    min_effect: float | None = None
+    verdict: str | None = None  # compare_capacity's verdict for the promoted (or best) one
+    basis: str = "capacity"
+    # Per config: the capacities of its replicates (mean, min, max, count, met the SLA).
+    per_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Per candidate: its comparison with the baseline.
+    comparisons: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,100 +82,125 @@ def interleaved_order(configs: Sequence[str], replicates: int) -> list[tuple[int
 
 
 def spread(values: Sequence[float]) -> float:
-    """Relative range of replicates (0 for fewer than two)."""
+    """Relative range of replicates, (max - min) / mean (0 for fewer than two)."""
     if len(values) < 2:
         return 0.0
-    m = mean(values)
+    m = fmean(values)
     return (max(values) - min(values)) / m if m > 0 else 0.0
 
 
-def decide(reps: Sequence[Replicate], candidates: Sequence[str], min_effect: float) -> Decision:
-    """Pick the promoted config from confirmation replicates (see the module docstring)."""
+def config_stats(reps: Sequence[Replicate]) -> dict[str, dict[str, Any]]:
+    """Per config: its replicates' capacities and goodputs at capacity."""
     by: dict[str, list[Replicate]] = {}
     for r in reps:
         by.setdefault(r.config, []).append(r)
-    stats: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, rs in by.items():
-        goods = [r.goodput or 0.0 for r in rs]
-        slacks = [r.slack for r in rs if r.slack is not None]
-        stats[name] = {
+        caps = [r.capacity for r in rs if r.capacity is not None]
+        goods = [r.goodput for r in rs if r.goodput is not None]
+        out[name] = {
             "replicates": len(rs),
-            "slack_mean": mean(slacks) if slacks else None,
-            "slack_range": (max(slacks) - min(slacks)) if slacks else None,
-            "goodput_mean": mean(goods),
-            "goodput_min": min(goods),
-            "goodput_max": max(goods),
-            "goodput_spread": spread(goods),
-            "feasible_all": all(r.feasible for r in rs),
+            "capacities": [r.capacity for r in rs],
+            "capacity_mean": fmean(caps) if caps else None,
+            "capacity_min": min(caps) if caps else None,
+            "capacity_max": max(caps) if caps else None,
+            "goodput_mean": fmean(goods) if goods else None,
             "feasible_count": sum(r.feasible for r in rs),
         }
-    noise = max((s["goodput_spread"] for s in stats.values()), default=0.0)
-    base = stats.get("baseline")
-    if base is None:
+    return out
+
+
+def _paired(reps: Sequence[Replicate], config: str, n: int) -> list[float | None]:
+    """``config``'s capacity in replicates 0 .. n-1 (None where it has none)."""
+    by_rep = {r.replicate: r.capacity for r in reps if r.config == config}
+    return [by_rep.get(i) for i in range(n)]
+
+
+def decide(
+    reps: Sequence[Replicate],
+    candidates: Sequence[str],
+    *,
+    min_effect: float,
+    confidence: float = 0.95,
+    resolution: float = 0.03,
+) -> Decision:
+    """Pick the promoted config from interleaved capacity replicates (module docstring)."""
+    if not any(r.config == "baseline" for r in reps):
         raise ValueError("confirmation needs baseline replicates")
-    best: tuple[float, str, float] | None = None
-    threshold = min_effect
-    notes = []
+    n = 1 + max(r.replicate for r in reps)
+    base = _paired(reps, "baseline", n)
+    comparisons: dict[str, CapacityComparison] = {}
     for c in candidates:
-        s = stats.get(c)
-        if s is None:
-            continue
-        if not s["feasible_all"]:
-            notes.append(
-                f"{c} missed the SLA in {s['replicates'] - s['feasible_count']} "
-                f"of {s['replicates']} replicates"
+        if any(r.config == c for r in reps):
+            comparisons[c] = compare_capacity(
+                base,
+                _paired(reps, c, n),
+                min_effect=min_effect,
+                confidence=confidence,
+                resolution=resolution,
+                label=c,
             )
-            continue
-        effect = _effect(s["goodput_mean"], base["goodput_mean"])
-        threshold = max(min_effect, s["goodput_spread"] + base["goodput_spread"])
-        if effect <= threshold and not _wins_on_sla(s, base):
-            note = (
-                f"{c} changed goodput by {effect:+.1%} against the baseline, not more than "
-                f"the threshold {threshold:.1%}"
-            )
-            if base["feasible_all"]:
-                note += ", and the baseline met the SLA in every replicate too"
-            else:
-                note += ", and its lead inside the SLA's limits was within the noise"
-            notes.append(note)
-            continue
-        if best is None or effect > best[0]:
-            best = (effect, c, threshold)
-    if best is None:
-        reason = "kept the baseline: " + ("; ".join(notes) or "no candidate to confirm")
-        return Decision("baseline", True, None, threshold, noise, reason, stats)
-    effect, name, threshold = best
-    s = stats[name]
-    if effect > threshold:
-        reason = (
-            f"{name} beat the baseline by {effect:+.1%} mean goodput, above the threshold "
-            f"{threshold:.1%} (the larger of the minimum effect {min_effect:.0%} and the "
-            "replicates' spread), and met the SLA in every replicate"
+    stats = config_stats(reps)
+    shown = {c: cmp.to_dict() for c, cmp in comparisons.items()}
+    better = [(c, cmp) for c, cmp in comparisons.items() if cmp.verdict == "better"]
+    if better:
+        name, cmp = max(better, key=lambda item: _rank(item[1]))
+        return Decision(
+            name,
+            False,
+            cmp.reason,
+            True,
+            cmp.effect,
+            cmp.low,
+            cmp.high,
+            confidence,
+            min_effect,
+            cmp.verdict,
+            per_config=stats,
+            comparisons=shown,
         )
-    else:
-        reason = (
-            f"{name} met the SLA in all {s['replicates']} replicates while the baseline missed "
-            f"it in {base['replicates'] - base['feasible_count']} of {base['replicates']}; its "
-            f"mean slack {s['slack_mean']:+.1%} vs the baseline's {base['slack_mean']:+.1%} "
-            "differs by more than their ranges added"
-        )
-    return Decision(name, False, effect, threshold, noise, reason, stats)
+    lead = max(comparisons.values(), key=_rank, default=None)
+    reasons = "; ".join(
+        f"{cmp.verdict.replace('_', ' ')}: {cmp.reason}" for cmp in comparisons.values()
+    )
+    return Decision(
+        "baseline",
+        True,
+        "kept the baseline: " + (reasons or "no candidate was measured"),
+        True,
+        None if lead is None else lead.effect,
+        None if lead is None else lead.low,
+        None if lead is None else lead.high,
+        confidence,
+        min_effect,
+        None if lead is None else lead.verdict,
+        per_config=stats,
+        comparisons=shown,
+    )
 
 
-def _wins_on_sla(cand: dict[str, Any], base: dict[str, Any]) -> bool:
-    """Candidate inside the SLA every time, baseline mostly outside, gap beyond the noise."""
-    if cand["slack_mean"] is None or base["slack_mean"] is None:
-        return False
-    base_missed = base["replicates"] - base["feasible_count"]
-    if min(cand["replicates"], base["replicates"]) < 3:
-        return False
-    if not cand["feasible_all"] or 2 * base_missed <= base["replicates"]:
-        return False
-    gap = cand["slack_mean"] - base["slack_mean"]
-    return bool(gap > cand["slack_range"] + base["slack_range"])
+def _rank(cmp: CapacityComparison) -> float:
+    """Order comparisons by effect; an unbounded win (baseline at zero) ranks first."""
+    if cmp.effect is None:
+        return float("inf") if cmp.verdict == "better" else float("-inf")
+    return cmp.effect
 
 
-def _effect(cand: float, base: float) -> float:
-    if base > 0:
-        return (cand - base) / base
-    return 1.0 if cand > 0 else 0.0  # the baseline served nothing well: count it as +100%
+def decide_without_baseline(reps: Sequence[Replicate], names: Sequence[str]) -> Decision:
+    """No baseline to compare with: the first config (best-ranked) that met the SLA at its own
+    load in every replicate, else the first."""
+    ok = [n for n in names if all(r.feasible for r in reps if r.config == n)]
+    chosen = ok[0] if ok else names[0]
+    return Decision(
+        chosen,
+        False,
+        "the baseline could not be measured (it failed to start); promoted the best-ranked "
+        "candidate" + ("" if ok else ", which missed the SLA in a replicate"),
+        True,
+        per_config=config_stats(reps),
+    )
+
+
+def not_confirmed(reason: str, promoted: str = "baseline") -> Decision:
+    """No confirmation launch was spent: the decision rests on ``reason``."""
+    return Decision(promoted, promoted == "baseline", reason, False)

@@ -37,7 +37,11 @@ from autotuner.sla.spec import Sla
 Say = Callable[[str], None]
 
 # What a trial whose config was measured before takes over from that earlier trial.
-_REUSED = {"result_file", "status", "max_load", "metrics"}
+_REUSED = {"result_file", "status", "max_load", "capacity", "metrics"}
+
+# The constraint a trial gets when its SLA load was undecided although every point value was
+# inside its limit (feasible only when every constraint is <= 0).
+UNDECIDED = "sla_undecided_at_own_load"
 
 # Safety valves for tiny spaces: stop asking when nothing new comes out.
 MAX_CONSECUTIVE_SKIPS = 40
@@ -257,6 +261,7 @@ def tell_result(
         result_file=rel_file,
         status=result.status,
         max_load=result.max_load,
+        capacity=result.found_capacity(),
         metrics={m: result.metric(m) for m in _summary_metrics(sla)},
     ).save(trial.set_user_attr)
     if result.reason:
@@ -274,6 +279,10 @@ def tell_result(
         return TrialState.FAIL
     for key, margin in result.margins().items():
         trial.set_constraint(key, 1.0 if margin is None else margin)
+    if not result.feasible and all(m is not None and m <= 0 for m in result.margins().values()):
+        # Inside every limit by the point values, but not shown to meet the SLA at its own
+        # load (a percentile's interval straddled its limit): not feasible either.
+        trial.set_constraint(UNDECIDED, 1.0)
     TrialRecord(constraints=trial.constraints).save(trial.set_user_attr)
     study.tell(trial, values)
     return TrialState.COMPLETE
@@ -281,6 +290,7 @@ def tell_result(
 
 def _summary_metrics(sla: Sla) -> list[str]:
     names = [
+        "capacity",
         "goodput",
         "request_rate",
         "output_tokens_per_s",
@@ -495,8 +505,10 @@ class StudyRunner:
 
     def _report(self, number: int, result: TrialResult, state: TrialState) -> None:
         verdict = "meets the SLA" if result.feasible else f"infeasible: {result.reason}"
+        cap = result.found_capacity()
         self.say(
-            f"  -> {verdict}; goodput {_fmt(result.metric('goodput'), ' req/s')}, "
+            f"  -> {verdict}; capacity {cap.describe() if cap else '-'}, goodput at capacity "
+            f"{_fmt(result.metric('goodput'), ' req/s')}, "
             f"p99 TTFT {_fmt(result.metric('p99_ttft_ms'), ' ms')} "
             f"({result.duration_s:.0f} s)"
         )
@@ -504,9 +516,11 @@ class StudyRunner:
         left = self.budget.trials - self.spent()
         eta = left * (sum(self.launch_times) / len(self.launch_times))
         if best is not None:
+            r = TrialRecord.from_trial(best)
+            held = r.capacity.describe() if r.capacity else _fmt(r.max_load)
             self.say(
-                f"  best so far: trial {best.number}, goodput "
-                f"{_fmt(TrialRecord.from_trial(best).metrics.get('goodput'), ' req/s')}; "
+                f"  best so far: trial {best.number}, capacity {held}, goodput "
+                f"{_fmt(r.metrics.get('goodput'), ' req/s')}; "
                 f"{left} launches left, ETA {eta / 60:.0f} min"
             )
 

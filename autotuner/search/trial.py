@@ -1,21 +1,30 @@
-"""One trial: launch one candidate config once and find the highest load it sustains.
+"""One trial: launch one candidate config once and measure its capacity.
 
-Engine start-up (40-130 s) dwarfs a load run, so a launch measures several load levels. The
-first is the SLA's own workload: a config that misses the SLA there is infeasible and is
-stopped after that level. Otherwise the arrival rate is raised step by step until a level
-misses the SLA, then bisected between the last level that met it and the first that did not.
+Engine start-up (40-130 s) dwarfs a load run, so a launch measures several load levels: the
+capacity search of :mod:`autotuner.measure.capacity`. The first level is the SLA's own
+workload; a config that misses the SLA there is infeasible and is stopped after that level.
+Otherwise the load grows by ``tune.rate_step`` until a level misses, then the bracket between
+the highest level that met the SLA and the lowest that did not is refined (interpolating the
+two levels' SLA margins) until it is within ``tune.capacity_resolution`` or ``tune.max_levels``
+are spent. A level meets or misses a percentile limit only when the order-statistic interval
+of that percentile is clear of the limit (:mod:`autotuner.measure.levels`, which also sizes
+the levels); an undecided level is measured once more with fresh requests, pooled with the
+first run (its ``level-N.json`` holds both), and counts as a miss if still undecided. Every
+level sends requests the engine has not seen: repeated prompts would hit the prefix cache.
 
-What the trial reports: feasibility and constraint margins at the SLA's own load (level 1),
+What the trial reports: its capacity with the bracket and why the search stopped; feasibility
+(the SLA's own load was shown met) and constraint margins at the SLA's own load (level 1),
 latency and memory objectives there too (comparable across configs), and throughput-like
-objectives (goodput, request rate, tokens/s) at the highest load that met the SLA — the
-"SLA goodput" of the config. ``run_trial`` is a plain function of its inputs, so that a Ray
-worker can run it as well. Closed-loop workloads search the concurrency instead of the rate.
+objectives (goodput, request rate, tokens/s) at the highest load that met the SLA: goodput at
+capacity. ``run_trial`` is a plain function of its inputs, so that a Ray worker can run it as
+well. Closed-loop workloads search the concurrency instead of the rate (in whole requests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -26,11 +35,14 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess
 from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
-from autotuner.measure.evaluate import Evaluation, evaluate
+from autotuner.measure.capacity import Capacity, CapacitySearch
+from autotuner.measure.evaluate import evaluate
+from autotuner.measure.levels import judge, level_size, pooled
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
+from autotuner.measure.quantile import Outcome
 from autotuner.measure.workload import Arrival
-from autotuner.records.trial import TrialFile
+from autotuner.records.trial import CapacityRecord, TrialFile, legacy_capacity
 from autotuner.sla.spec import Sla
 
 Say = Callable[[str], None]
@@ -44,12 +56,22 @@ THROUGHPUT_METRICS = frozenset(
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How one launch searches load levels."""
+    """How one launch searches load levels (:class:`CapacitySearch`'s knobs)."""
 
-    max_levels: int = 4
-    step: float = 1.5  # rate (or concurrency) factor between levels before bisecting
-    min_gap: float = 0.1  # stop bisecting when levels are closer than this (relative)
+    max_levels: int = 8
+    step: float = 1.5  # rate (or concurrency) factor between levels while bracketing
+    resolution: float = 0.03  # stop refining once the bracket is this narrow (relative)
     start_load: float | None = None  # first level's rate/concurrency; None: the SLA's own
+    # A capacity claimed earlier: search narrowly around it, not below the SLA's own load
+    # (a confirmation replicate; :meth:`CapacitySearch.around`).
+    around: float | None = None
+    remeasure_undecided: int = 1  # re-measures (pooled) of an undecided level
+
+    @classmethod
+    def of(cls, sla: Sla) -> SearchSettings:
+        """The search a study's launches run: the SLA's ``tune`` settings."""
+        t = sla.tune
+        return cls(max_levels=t.max_levels, step=t.rate_step, resolution=t.capacity_resolution)
 
 
 @dataclass(frozen=True)
@@ -57,12 +79,16 @@ class Level:
     """One load level measured on the running engine."""
 
     load: float  # arrival rate (req/s) or concurrency
-    feasible: bool
+    feasible: bool  # the level's verdict is "meets" (older records: every point margin <= 0)
     metrics: dict[str, float | None]
     margins: dict[str, float | None]  # per constraint key; None = not measurable
     errors: dict[str, int]
     engine: dict[str, Any]
     result_file: str
+    verdict: Outcome | None = None  # meets / misses / undecided (None: an older record)
+    verdicts: dict[str, Outcome] = field(default_factory=dict)  # per constraint key
+    requests: int | None = None  # measured requests (pooled runs together)
+    runs: int = 1  # runs at this load pooled into the level (2: an undecided one re-measured)
 
 
 @dataclass(frozen=True)
@@ -81,15 +107,27 @@ class TrialResult:
     log_path: str | None = None
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    capacity: CapacityRecord | None = None  # None: a failed launch, or an older record
 
     @property
     def feasible(self) -> bool:
         return self.best is not None
 
+    def found_capacity(self) -> CapacityRecord | None:
+        """The launch's capacity; for a result without one (written before capacities, or
+        a test's stand-in), the one its levels imply: the highest load that met the SLA."""
+        if self.capacity is not None:
+            return self.capacity
+        loads = [(lv.load, lv.feasible) for lv in self.levels]
+        return legacy_capacity(loads, self.load_kind, self.best)
+
     def metric(self, name: str) -> float | None:
         """A metric as the trial reports it (see the module docstring)."""
         if not self.levels:
             return None
+        if name == "capacity":
+            cap = self.found_capacity()
+            return None if cap is None else cap.value
         if name == "peak_memory_gib":
             peaks = [v for lv in self.levels if (v := lv.metrics.get(name)) is not None]
             return max(peaks) if peaks else None
@@ -128,6 +166,7 @@ class TrialResult:
             log_path=r.log_path,
             duration_s=r.duration_s,
             extra=dict(r.extra),
+            capacity=r.capacity,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,31 +185,73 @@ class TrialResult:
         return cls.from_record(TrialFile.read(path))
 
 
-def _finite(m: float) -> float | None:
-    return None if m == float("inf") else m
-
-
-def _missed(ev: Evaluation) -> str:
-    return ", ".join(v.key for v in ev.verdicts if not v.met)
-
-
-def next_load(
-    current: float, feasible: bool, ok: float | None, bad: float | None, s: SearchSettings
-) -> float | None:
-    """The next level to try, or None when the bracket is narrow enough."""
-    ok = current if feasible and (ok is None or current > ok) else ok
-    bad = current if not feasible and (bad is None or current < bad) else bad
-    if ok is not None and bad is not None:
-        if (bad - ok) / bad < s.min_gap:
-            return None
-        return (ok + bad) / 2
-    return current * s.step if feasible else current / s.step
-
-
 def _arrival(base: Arrival, load: float) -> Arrival:
     if base.open_loop:
         return Arrival(base.process, rate=load)
     return Arrival("concurrency", concurrency=max(1, round(load)))
+
+
+def _own_load(base: Arrival) -> float:
+    """The SLA's own load: its arrival rate, or its concurrency."""
+    return float(base.rate) if base.open_loop and base.rate else float(base.concurrency or 1)
+
+
+def capacity_search(settings: SearchSettings, own: float, open_loop: bool) -> CapacitySearch:
+    """The capacity search of one launch: from the SLA's own load (or ``start_load``), never
+    below it; around a claimed capacity for a confirmation replicate."""
+    unit = "req/s" if open_loop else "concurrent requests"
+    quantum = None if open_loop else 1.0
+    if settings.around is not None:
+        # Start at or above the SLA's own load: a capacity below it does not meet the SLA.
+        claimed = max(settings.around, own * (1 + settings.resolution))
+        return CapacitySearch.around(
+            claimed,
+            resolution=settings.resolution,
+            max_levels=settings.max_levels,
+            min_rate=own,
+            quantum=quantum,
+            remeasure_undecided=settings.remeasure_undecided,
+            unit=unit,
+        )
+    return CapacitySearch(
+        settings.start_load or own,
+        resolution=settings.resolution,
+        max_levels=settings.max_levels,
+        step=settings.step,
+        quantum=quantum,
+        remeasure_undecided=settings.remeasure_undecided,
+        unit=unit,
+    )
+
+
+def _keys(verdicts: Mapping[str, Outcome], outcome: Outcome) -> str:
+    return ", ".join(k for k, v in verdicts.items() if v == outcome)
+
+
+def describe_stop(
+    cap: Capacity, levels: list[Level], base: Arrival, settings: SearchSettings
+) -> str:
+    """Why the capacity search ended, in words (which budget, or what the first level saw)."""
+    width = cap.width
+    if cap.stopped_by == "resolution":
+        return f"bracket within the resolution {settings.resolution:.0%}"
+    if cap.stopped_by == "budget":
+        spent = f"the level budget (tune.max_levels = {settings.max_levels}) was spent"
+        if width is None:
+            return f"{spent} before any level missed the SLA: capacity is at least {cap.low:.3g}"
+        return f"{spent} with the bracket {width:.1%} wide (resolution {settings.resolution:.0%})"
+    if cap.stopped_by == "max_rate":
+        return f"met the SLA at the highest load tried, {cap.low:.3g}"
+    last = levels[-1] if levels else None  # nothing met: the last level is the lowest load
+    if last is None:
+        return str(cap.stopped_by)
+    at = _arrival(base, last.load).describe()
+    if cap.stopped_by == "undecided":
+        return (
+            f"could not tell whether it meets the SLA at {at}: "
+            f"{_keys(last.verdicts, 'undecided')} undecided after {last.requests} requests"
+        )
+    return f"misses the SLA at {at} ({_keys(last.verdicts, 'misses')})"
 
 
 async def _measure_levels(
@@ -183,21 +264,20 @@ async def _measure_levels(
     gpus: list[str] | None,
     say: Say,
     engine_gpus: dict[str, int],
-) -> tuple[list[Level], str | None]:
-    """Load levels until the highest one that meets the SLA is bracketed. ``engine_gpus``
-    gets, per GPU UUID, the peak memory NVML saw the engine's processes hold there."""
+) -> tuple[list[Level], CapacityRecord]:
+    """Load levels until the capacity search ends. ``engine_gpus`` gets, per GPU UUID, the
+    peak memory NVML saw the engine's processes hold there."""
     base = arrival_of(sla)
-    load: float | None = settings.start_load
-    if load is None:
-        load = base.rate if base.open_loop else float(base.concurrency or 1)
-    ok: float | None = None
-    bad: float | None = None
+    own = _own_load(base)
+    search = capacity_search(settings, own, base.open_loop)
+    size = level_size(sla)
+    metrics = adapter_of(sla).metrics
     levels: list[Level] = []
-    stop_reason = None
-    for i in range(settings.max_levels):
-        assert load is not None
-        plan = build_plan(sla, model_dir, _arrival(base, load), level=i)
-        metrics = adapter_of(sla).metrics
+    previous: LoadResult | None = None  # the run an undecided level's re-measure pools with
+    while (load := search.next_rate()) is not None:
+        i = len(levels)
+        again = search.extending and previous is not None
+        plan = build_plan(sla, model_dir, _arrival(base, load), level=i, requests=size.requests)
         monitor = Monitor(endpoint.base_url, engine.processes, gpus, metrics=metrics)
         result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
         result = LoadResult(
@@ -205,37 +285,54 @@ async def _measure_levels(
         )
         for uuid, held in result.monitor.get("engine_gpus", {}).items():
             engine_gpus[uuid] = max(engine_gpus.get(uuid, 0), held)
+        runs = 1
+        if again and previous is not None:
+            result = pooled(previous, result)
+            runs = levels[-1].runs + 1
         ev = evaluate(result, sla)
+        judged = judge(result, ev, sla, sla.tune.confidence)
+        verdicts, verdict = judged.verdicts, judged.verdict
+        search.record(load, verdict, judged.margin)
+        previous = result
         name = f"level-{i}.json"
         atomic_write_text(run_dir / name, json.dumps(result.to_dict()))
         levels.append(
             Level(
                 load=load,
-                feasible=ev.feasible,
+                feasible=verdict == "meets",
                 metrics=ev.metrics,
-                margins={v.key: _finite(v.margin) for v in ev.verdicts},
+                margins={v.key: None if math.isinf(v.margin) else v.margin for v in ev.verdicts},
                 errors=result.errors(),
                 engine=result.monitor.get("engine", {}),
                 result_file=name,
+                verdict=verdict,
+                verdicts=verdicts,
+                requests=len(result.records),
+                runs=runs,
             )
         )
         goodput = ev.metrics.get("goodput")
+        shown = {"meets": "meets SLA", "misses": "misses SLA"}.get(
+            verdict, f"undecided ({_keys(verdicts, 'undecided')})"
+        )
+        pooled_note = f", {runs} runs pooled" if runs > 1 else ""
         say(
-            f"    level {i + 1}: {_arrival(base, load).describe()} -> "
-            f"{'meets SLA' if ev.feasible else 'misses SLA'}, goodput "
+            f"    level {i + 1}: {_arrival(base, load).describe()}, {len(result.records)} "
+            f"requests{pooled_note} -> {shown}, goodput "
             f"{goodput if goodput is None else f'{goodput:.2f}'} req/s"
         )
-        if i == 0 and not ev.feasible:
-            stop_reason = f"misses the SLA at {_arrival(base, load).describe()} ({_missed(ev)})"
-            break
-        if ev.feasible:
-            ok = load if ok is None or load > ok else ok
-        else:
-            bad = load if bad is None or load < bad else bad
-        load = next_load(load, ev.feasible, ok, bad, settings)
-        if load is None:
-            break
-    return levels, stop_reason
+    cap = search.result()
+    record = CapacityRecord(
+        value=cap.value,
+        low=cap.low,
+        high=cap.high,
+        unit=cap.unit,
+        stopped_by=cap.stopped_by,
+        note=describe_stop(cap, levels, base, settings),
+        resolution=settings.resolution,
+    )
+    say(f"    capacity {record.describe()}: {record.note}")
+    return levels, record
 
 
 def run_trial(
@@ -279,7 +376,7 @@ def run_trial(
             )
         say(f"    engine healthy after {endpoint.startup_s:.0f} s")
         try:
-            levels, reason = await _measure_levels(
+            levels, capacity = await _measure_levels(
                 sla,
                 engine,
                 endpoint,
@@ -292,8 +389,8 @@ def run_trial(
             )
         finally:
             await engine.stop()
-        feasible = [i for i, lv in enumerate(levels) if lv.feasible]
-        best = max(feasible, key=lambda i: levels[i].load) if feasible else None
+        best = _best_level(levels, capacity)
+        reason = None if best is not None else capacity.note
         return TrialResult(
             dict(params),
             "stopped_early" if reason else "complete",
@@ -304,6 +401,7 @@ def run_trial(
             startup_s=endpoint.startup_s,
             argv=tuple(endpoint.argv),
             log_path=str(engine.log_path),
+            capacity=capacity,
         )
 
     result = asyncio.run(go())
@@ -316,3 +414,14 @@ def run_trial(
     )
     result.write(run_dir / "trial.json")
     return result
+
+
+def _best_level(levels: list[Level], capacity: CapacityRecord) -> int | None:
+    """The last level measured to meet the SLA at the capacity's low edge (None: none did)."""
+    if capacity.low <= 0:
+        return None
+    for i in range(len(levels) - 1, -1, -1):
+        lv = levels[i]
+        if lv.feasible and math.isclose(lv.load, capacity.low, rel_tol=1e-9):
+            return i
+    return None

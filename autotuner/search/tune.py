@@ -27,6 +27,7 @@ from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter
 from autotuner.measure.bench import resolve_model
+from autotuner.measure.levels import resolution_notes
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
 from autotuner.search import rerun, rules
@@ -47,6 +48,10 @@ from autotuner.search.study import (
 )
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
 from autotuner.sla.spec import Sla, to_yaml
+
+# Levels of one confirmation replicate: a claim that holds is bracketed by the first two and
+# closed by the third (CapacitySearch.around); the fourth absorbs one undecided re-measure.
+CONFIRM_LEVELS = 4
 
 
 def _say(msg: str) -> None:
@@ -229,7 +234,12 @@ def _tune(
     memory = _crash_memory(study, space, engine_adapter)
     model_cfg = json.loads((model_dir / "config.json").read_text())
     cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
-    settings = SearchSettings(max_levels=sla.tune.max_levels, step=sla.tune.rate_step)
+    settings = SearchSettings.of(sla)
+    warnings, notes = resolution_notes(sla)
+    for line in notes:
+        _say(f"note: {line}")
+    for line in warnings:
+        _say(f"warning: {line}")
 
     mem_limit = next((c.limit for c in sla.constraints if c.metric == "peak_memory_gib"), None)
 
@@ -298,9 +308,11 @@ def _tune(
                 return _reprint(decided, study)
 
         def confirm_run(
-            params: Mapping[str, ParamValue], run_dir: Path, load: float
+            params: Mapping[str, ParamValue], run_dir: Path, claimed: float
         ) -> TrialResult:
-            one = SearchSettings(max_levels=1, start_load=load)
+            one = dataclasses.replace(
+                settings, max_levels=CONFIRM_LEVELS, around=claimed, start_load=None
+            )
             if remote is not None:
                 return remote.run_one(params, run_dir, one)
             return run_trial(

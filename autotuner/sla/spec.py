@@ -51,6 +51,7 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")
 
 SCALAR_METRICS: frozenset[str] = frozenset(
     {
+        "capacity",  # the highest arrival rate (or concurrency) that meets the SLA
         "goodput",
         "request_rate",
         "output_tokens_per_s",
@@ -698,7 +699,7 @@ class ConfirmSpec(_Strict):
 
     candidates: int = Field(default=1, ge=1, le=5)  # top Pareto points re-measured
     replicates: int = Field(default=3, ge=1, le=10)  # launches per config, interleaved
-    min_effect: float = Field(default=0.05, ge=0, le=1)  # relative goodput win required
+    min_effect: float = Field(default=0.05, ge=0, lt=1)  # relative capacity win required
 
 
 class TuneSpec(_Strict):
@@ -709,8 +710,14 @@ class TuneSpec(_Strict):
     # grid: every combination of the `values` lists in search.params (vLLM auto_tune style)
     sampler: Literal["auto", "tpe", "gp", "nsga2", "random", "grid"] = "auto"
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
-    max_levels: int = Field(default=4, ge=1, le=12)  # load levels measured per launch
+    max_levels: int = Field(default=8, ge=1, le=16)  # load levels measured per launch
     rate_step: float = Field(default=1.5, gt=1, le=4)  # load factor between levels
+    # A launch's capacity search stops once its bracket is this narrow (relative).
+    capacity_resolution: float = Field(default=0.03, gt=0, lt=0.5)
+    # Per-level confidence of a percentile verdict (meets / misses / undecided).
+    confidence: float = Field(default=0.95, ge=0.5, le=0.999)
+    # Levels grow to the requests their percentile needs, up to this many.
+    max_requests_per_level: int = Field(default=600, ge=1, le=MAX_REQUESTS)
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
     storage: str | None = None  # SQLAlchemy URL; default: SQLite in the study directory
 
@@ -735,7 +742,7 @@ class TuneSpec(_Strict):
 
 
 def _default_objectives() -> list[Objective]:
-    return [Objective(metric="goodput", direction="maximize")]
+    return [Objective(metric="capacity", direction="maximize")]
 
 
 class Sla(_Strict):

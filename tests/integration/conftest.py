@@ -93,7 +93,9 @@ def assert_no_leftovers(tag: str) -> None:
     assert not leftovers, f"processes left behind: {names}"
 
 
-LOOSE = {"p99_ttft_ms": 3000, "p99_tpot_ms": 1000, "max_error_rate": 0.0}
+# p90, not p99: a p99 needs 299 requests per load level to be shown met at 95 % confidence
+# (levels grow to that: minutes per level on 2 cores); a p90 needs 29.
+LOOSE = {"p90_ttft_ms": 3000, "p90_tpot_ms": 1000, "max_error_rate": 0.0}
 
 
 def cpu_sla(

@@ -39,7 +39,8 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
     sla = cpu_sla(
         "it-levels",
         workload,
-        constraints={"p99_ttft_ms": 60000, "max_error_rate": 0.0},
+        # p90: resolvable from 29 requests per level (a p99 would need 299)
+        constraints={"p90_ttft_ms": 60000, "max_error_rate": 0.0},
         params={"max_model_len": 1024},
         model={"path": str(tiny_model)},
     )
@@ -57,6 +58,13 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
     )
     assert result.status == "complete", (result.reason, result.extra.get("log_tail"))
     assert len(result.levels) == 3
+    # Levels grew from 16 requests to the 29 a p90 needs; every level met the loose limit,
+    # so the level budget stopped the capacity search, and the record says so.
+    assert [lv.requests for lv in result.levels] == [29, 29, 29]
+    assert [lv.verdict for lv in result.levels] == ["meets"] * 3
+    cap = result.capacity
+    assert cap is not None and cap.stopped_by == "budget" and cap.high is None
+    assert cap.low == result.levels[-1].load and "tune.max_levels = 3" in cap.note
     for level in result.levels:
         engine = level.engine
         assert engine["prefix_cache_queries"] >= REQUESTS * INPUT_TOKENS, engine

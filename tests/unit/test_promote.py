@@ -23,6 +23,7 @@ from autotuner.bundle.promote import Context, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.records.manifest import Manifest
+from autotuner.records.trial import CapacityRecord
 from autotuner.search.space import ParamSpec, SearchSpace
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
@@ -35,7 +36,7 @@ target: cpu
 workload: {input_tokens: 8, output_tokens: 4, arrival: {process: poisson, rate: 1}, requests: 4}
 constraints: {p99_ttft_ms: LIMIT}
 objectives: [{maximize: goodput}, {minimize: p99_ttft_ms}]
-tune: {confirm: {candidates: 1, replicates: 3, min_effect: 0.05}}
+tune: {confirm: {candidates: 1, replicates: REPLICATES, min_effect: 0.05}}
 """
 FIXED = {"enforce_eager": True}
 ENGINE = "vllm 0.32.0 (cpu)"
@@ -81,7 +82,9 @@ class Scenario:
 
     limit: float = 100.0  # the SLA's p99 TTFT limit (ms)
     baseline_fails: bool = False
-    # confirmation: goodput per replicate and whether it met the SLA, per max_num_seqs
+    top_of_32: float = 4.0  # the highest load 32 seqs sustains in the search (the others: 1)
+    replicates: int = 3  # tune.confirm.replicates
+    # confirmation: capacity per replicate and whether it met the SLA, per max_num_seqs
     confirm: dict[int, list[float]] = field(default_factory=dict)
     confirm_misses: set[int] = field(default_factory=set)
     confirm_calls: list[tuple[dict[str, Any], Path, float]] = field(default_factory=list)
@@ -96,7 +99,7 @@ class Scenario:
             )
         else:
             # The highest load the config sustains: 4 req/s for 32 seqs, 1 for the others.
-            top = 4.0 if seqs >= 32 else 1.0
+            top = self.top_of_32 if seqs >= 32 else 1.0
             levels: tuple[Level, ...] = (
                 _level(1.0, float(seqs) / 4, 100.0 * seqs / 64, self.limit, 0),
             )
@@ -113,16 +116,25 @@ class Scenario:
         result.write(trial_dir / "trial.json")  # as run_trial does
         return result
 
-    def confirm_run(self, params: Mapping[str, Any], run_dir: Path, load: float) -> TrialResult:
-        """One confirmation launch at ``load``: the next goodput of this config's list."""
-        self.confirm_calls.append((dict(params), run_dir, load))
+    def confirm_run(self, params: Mapping[str, Any], run_dir: Path, claimed: float) -> TrialResult:
+        """One confirmation launch, a capacity search around ``claimed``: this config's next
+        capacity from its list (goodput at capacity the same); 0 when it misses the SLA."""
+        self.confirm_calls.append((dict(params), run_dir, claimed))
         seqs = _seqs(params)
         done = sum(1 for p, _, _ in self.confirm_calls if _seqs(p) == seqs)
-        goodput = self.confirm[seqs][done - 1]
-        ttft = 10 * self.limit if seqs in self.confirm_misses else self.limit / 2
-        level = _level(load, goodput, ttft, self.limit)
-        best = 0 if level.feasible else None
-        return TrialResult(dict(params), "complete", "rate", (level,), best)
+        value = self.confirm[seqs][done - 1]
+        miss = seqs in self.confirm_misses
+        ttft = 10 * self.limit if miss else self.limit / 2
+        level = _level(claimed if miss else value, value, ttft, self.limit)
+        cap = CapacityRecord(
+            value=0.0 if miss else value,
+            low=0.0 if miss else value,
+            high=claimed if miss else value * 1.02,
+            unit="req/s",
+            stopped_by="infeasible_at_start" if miss else "resolution",
+        )
+        best = None if miss else 0
+        return TrialResult(dict(params), "complete", "rate", (level,), best, capacity=cap)
 
 
 def _hardware() -> HardwareProfile:
@@ -136,7 +148,7 @@ def _space() -> SearchSpace:
 
 def _study(tmp_path: Path, sc: Scenario) -> Context:
     """Run the study loop over the synthetic launches; return promotion's context."""
-    sla = parse_sla(SLA.replace("LIMIT", str(sc.limit)))
+    sla = parse_sla(SLA.replace("LIMIT", str(sc.limit)).replace("REPLICATES", str(sc.replicates)))
     study_dir = tmp_path / sla.name
     url = storage_url(study_dir, None)
     study = open_study(sla, url, make_sampler("random", 10, 2, 0), {"engine": ENGINE})
@@ -173,9 +185,11 @@ def test_a_confirmed_win_promotes_the_candidate_and_writes_the_bundle(tmp_path: 
     manifest = promote(ctx, sc.confirm_run, said.append)
 
     # Confirmation: the top candidate (trial 4, 32 seqs) and the baseline, 3 replicates each,
-    # interleaved, all at the geometric mean of their highest sustained loads (4 and 1).
+    # interleaved, each a capacity search around its own search capacity (4 and 1 req/s).
     assert [_seqs(p) for p, _, _ in sc.confirm_calls] == [32, 16, 16, 32, 32, 16]
-    assert [load for _, _, load in sc.confirm_calls] == pytest.approx([2.0] * len(sc.confirm_calls))
+    assert [load for _, _, load in sc.confirm_calls] == pytest.approx(
+        [4.0, 1.0, 1.0, 4.0, 4.0, 1.0]
+    )
     dirs = [d.relative_to(ctx.study_dir).as_posix() for _, d, _ in sc.confirm_calls]
     assert dirs[:2] == ["confirm/trial-4-r0", "confirm/baseline-r0"]
 
@@ -189,7 +203,9 @@ def test_a_confirmed_win_promotes_the_candidate_and_writes_the_bundle(tmp_path: 
     decision = manifest["decision"]
     assert decision["promoted"] == "trial-4" and not decision["promoted_is_baseline"]
     assert decision["effect"] == pytest.approx(30.0 / 15.0 - 1)
-    assert "trial-4 beat the baseline" in decision["reason"]
+    assert decision["basis"] == "capacity" and decision["verdict"] == "better"
+    assert decision["effect_low"] < 1.0 < decision["effect_high"] and decision["confirmed"]
+    assert decision["reason"].startswith("trial-4 holds +100.0%")
     assert any("promoted trial-4" in s for s in said)
 
     # What the file says is what promote returned; measurements and provenance are there.
@@ -200,10 +216,18 @@ def test_a_confirmed_win_promotes_the_candidate_and_writes_the_bundle(tmp_path: 
     assert typed.promoted is not None and typed.promoted.params == promoted["params"]
     search = on_disk["measurements"]["search"]
     assert search["trial"] == 4 and search["max_load_meeting_sla"] == 4.0
+    assert search["capacity"]["value"] == 4.0  # the search's single run (legacy-derived here)
     conf = on_disk["measurements"]["confirmation"]
-    assert conf["load"] == pytest.approx(2.0) and conf["load_unit"] == "req/s"
+    # The load trial-4 met the SLA at in every replicate (the lowest low edge), for re-checks.
+    assert conf["load"] == pytest.approx(29.0) and conf["load_unit"] == "req/s"
     assert len(conf["replicates"]) == 6
     assert conf["spread"]["trial-4"]["goodput"]["mean"] == pytest.approx(30.0)
+    assert conf["spread"]["trial-4"]["capacity"]["mean"] == pytest.approx(30.0)
+    assert [r["capacity"] for r in conf["replicates"] if r["config"] == "baseline"] == [
+        15.0,
+        15.5,
+        14.5,
+    ]
     assert conf["spread"]["baseline"]["goodput"]["replicates"] == 3
     assert on_disk["verdicts"]["at_sla_load"] == {"p99_ttft_ms": pytest.approx(-0.5)}
     assert on_disk["pareto_front"][0] == 4
@@ -224,7 +248,11 @@ def test_a_confirmed_win_promotes_the_candidate_and_writes_the_bundle(tmp_path: 
     plan = (bundle / "fallback_plan.md").read_text()
     assert "Promoted: **trial 4**" in plan
     assert "baseline (engine defaults)" in plan  # the baseline is a fallback
-    assert "beat the baseline" in plan  # the decision's reason, under Notes
+    assert "trial-4 holds +100.0%" in plan  # the decision's reason, under Notes
+    # Confirmed figures where they exist, marked; the rest marked as single runs.
+    assert "| capacity | 30.00 req/s (mean of 3 replicates) |" in plan
+    assert "| p99 TTFT | 50.0 ms (single run) |" in plan
+    assert "-50.0 % [-51.5, -48.5] (confirmed: lower)" in plan  # the baseline's capacity
     serve = bundle / "deploy" / "serve.sh"
     assert serve.stat().st_mode & 0o111 and "--max-num-seqs 32" in serve.read_text()
     assert "--max-num-seqs" in (bundle / "deploy" / "docker-run.sh").read_text()
@@ -314,6 +342,53 @@ def test_kept_baseline_that_misses_the_sla_is_not_reported_as_meeting_it(tmp_pat
     assert promoted["label"] == "baseline" and promoted["meets_sla"] is False
     assert manifest["pareto_front"] == [1]
     reason = manifest["decision"]["reason"]
-    assert "trial-1 missed the SLA in 3 of 3 replicates" in reason
+    assert "trial-1 missed the SLA at its own load in 3 of 3 replicates" in reason
     assert "the baseline itself misses the SLA" in reason
     assert _read_manifest(ctx.study_dir)["promoted"]["meets_sla"] is False
+
+
+def test_no_candidate_ahead_by_more_than_the_resolution_spends_no_launch(tmp_path: Path) -> None:
+    # 32 seqs holds 1.02 req/s in the search, the baseline 1: a 2 % lead, inside the 3 %
+    # resolution of one capacity search. Nothing is launched and the decision says why.
+    sc = Scenario(top_of_32=1.02)
+    ctx = _study(tmp_path, sc)
+    said: list[str] = []
+    manifest = promote(ctx, sc.confirm_run, said.append)
+    assert sc.confirm_calls == []
+    decision = manifest["decision"]
+    assert decision["promoted"] == "baseline" and decision["confirmed"] is False
+    assert decision["reason"].startswith("kept the baseline, no launch spent: no confirmation:")
+    assert "more than the resolution 3%" in decision["reason"] and "+2.0%" in decision["reason"]
+    assert manifest["measurements"]["confirmation"]["replicates"] == []
+    plan = (ctx.study_dir / "promoted" / "fallback_plan.md").read_text()
+    assert "no confirmation launch was run: every figure is a single run" in plan
+    assert "(mean of" not in plan and "| capacity | 1.00 req/s (single run) |" in plan
+    # The 2 % lead is inside the resolution: no "SLA violated above" trigger claims it.
+    assert "violated above" not in plan
+    text = render(ctx.study, ctx.study_dir)
+    assert "confirmation: none run (no launch spent)" in text
+
+
+def test_one_replicate_cannot_confirm_so_none_is_launched(tmp_path: Path) -> None:
+    sc = Scenario(replicates=1)
+    ctx = _study(tmp_path, sc)
+    manifest = promote(ctx, sc.confirm_run, lambda s: None)
+    assert sc.confirm_calls == []
+    reason = manifest["decision"]["reason"]
+    assert manifest["promoted"]["label"] == "baseline" and "no launch spent" in reason
+    assert "tune.confirm.replicates 1" in reason and "at least 2" in reason
+    # The unconfirmed lead is a fallback whose figures are marked as single runs.
+    plan = (ctx.study_dir / "promoted" / "fallback_plan.md").read_text()
+    assert "(single runs of the search, not confirmed)" in plan
+
+
+def test_one_replicate_promotes_a_candidate_over_a_baseline_that_misses_the_sla(
+    tmp_path: Path,
+) -> None:
+    # p99 TTFT limit 20 ms: the baseline (25 ms) misses its own load, 4 seqs (6 ms) meets it.
+    sc = Scenario(limit=20.0, replicates=1)
+    ctx = _study(tmp_path, sc)
+    manifest = promote(ctx, sc.confirm_run, lambda s: None)
+    assert sc.confirm_calls == []
+    assert manifest["promoted"]["label"] == "trial-1" and manifest["promoted"]["meets_sla"]
+    assert "without confirmation" in manifest["decision"]["reason"]

@@ -7,6 +7,7 @@ autotuner, without ``schema_version``) and a study whose trials carry the old at
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def test_trial_file_round_trip_through_the_writer_and_reader(tmp_path: Path) -> 
     result = _trial_result()
     result.write(tmp_path / "trial.json")
     data = json.loads((tmp_path / "trial.json").read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == TrialFile.SCHEMA_VERSION == 2
     assert data["feasible"] is True and data["max_load"] == 2.0  # derived, for readers
     assert TrialResult.read(tmp_path / "trial.json") == result
     assert TrialResult.from_dict(result.to_dict()) == result
@@ -107,7 +108,7 @@ def test_trial_record_round_trip_through_user_attrs() -> None:
     attrs = rec.attrs()
     # Only what was given, one attribute each (optuna-dashboard shows them), and the version.
     assert attrs == {
-        "schema_version": 1,
+        "schema_version": TrialRecord.SCHEMA_VERSION,
         "role": "candidate",
         "params_full": {"max_num_seqs": 8},
         "max_load": None,
@@ -123,7 +124,7 @@ def test_trial_record_round_trip_through_user_attrs() -> None:
 def test_the_study_loop_writes_the_old_attributes_plus_schema_version(tmp_path: Path) -> None:
     ctx = _study(tmp_path, Scenario())
     trials = ctx.study.get_trials(deepcopy=False)
-    assert all(t.user_attrs["schema_version"] == 1 for t in trials)
+    assert all(t.user_attrs["schema_version"] == TrialRecord.SCHEMA_VERSION for t in trials)
     assert trials[0].user_attrs["role"] == "baseline"
     assert trials[1].user_attrs["params_full"] == {"enforce_eager": True, "max_num_seqs": 4}
     assert trials[1].user_attrs["result_file"] == "trial-001/trial.json"
@@ -187,6 +188,20 @@ def test_small_records_round_trip(tmp_path: Path, record: Any) -> None:
 # --------------------------------------------------------------------------- legacy files
 
 
+def _keeps(raw: Any, again: Any) -> None:
+    """Every field of ``raw`` is in ``again`` with its value (``again`` may have more)."""
+    if isinstance(raw, dict):
+        assert isinstance(again, dict)
+        for k, v in raw.items():
+            _keeps(v, again[k])
+    elif isinstance(raw, list):
+        assert isinstance(again, list) and len(again) == len(raw)
+        for a, b in zip(raw, again, strict=True):
+            _keeps(a, b)
+    else:
+        assert again == raw
+
+
 def test_legacy_bench_result_and_manifest_read_as_version_0() -> None:
     bench = BenchResult.read(LEGACY_BENCH)
     assert "schema_version" not in json.loads(LEGACY_BENCH.read_text())
@@ -197,10 +212,14 @@ def test_legacy_bench_result_and_manifest_read_as_version_0() -> None:
     assert manifest.promoted is not None and manifest.promoted.label == "baseline"
     assert manifest.measurements is not None and manifest.measurements.confirmation is not None
     assert manifest.measurements.confirmation.load == raw["measurements"]["confirmation"]["load"]
-    # Read and written again, the legacy file keeps every field it had, with its value.
+    # Read and written again, the legacy file keeps every field it had, with its value (later
+    # versions add fields with defaults: capacity, the decision's basis and interval).
     again = manifest.to_data()
-    assert {k: again[k] for k in raw} == {**raw, "promoted": again["promoted"]}
-    assert {k: again["promoted"][k] for k in raw["promoted"]} == raw["promoted"]
+    added = ("promoted", "decision", "measurements")
+    assert {k: again[k] for k in raw} == {**raw, **{k: again[k] for k in added}}
+    for key in added:
+        _keeps(raw[key], again[key])
+    assert manifest.decision is not None and getattr(manifest.decision, "basis", "") == "goodput"
 
 
 def test_legacy_manifest_feeds_compare_engines_and_the_daemon(tmp_path: Path) -> None:
@@ -275,8 +294,11 @@ def test_a_study_written_before_records_still_reads(tmp_path: Path) -> None:
     trials = study.get_trials(deepcopy=False)
     rec = TrialRecord.from_trial(trials[1])
     assert (
-        rec.schema_version == 1 and rec.max_load == 4.0 and rec.params_full == {"max_num_seqs": 32}
+        rec.schema_version == TrialRecord.SCHEMA_VERSION
+        and rec.max_load == 4.0
+        and rec.params_full == {"max_num_seqs": 32}
     )
+    assert rec.capacity is None  # written before capacities: readers fall back to max_load
     assert TrialRecord.from_trial(trials[0]).baseline
     cands = promote_mod.candidates(study)
     assert [(c.trial, c.baseline, c.metrics["goodput"]) for c in cands] == [
@@ -308,14 +330,20 @@ def test_a_study_written_before_records_still_reads(tmp_path: Path) -> None:
     )
     runner.step()
     new = again.get_trials(deepcopy=False)[-1]
-    assert new.user_attrs["schema_version"] == 1 and new.user_attrs["role"] == "candidate"
+    assert new.user_attrs["schema_version"] == TrialRecord.SCHEMA_VERSION
+    assert new.user_attrs["role"] == "candidate"
 
 
 def test_legacy_trial_json_reads(tmp_path: Path) -> None:
     data = _trial_result().to_dict()
     del data["schema_version"]
+    del data["capacity"]
     path = _write(tmp_path / "trial-000" / "trial.json", data)
-    assert TrialResult.read(path) == _trial_result()
+    legacy = TrialResult.read(path)
+    # A file without a capacity gets the one its levels imply: the highest load that met the SLA.
+    assert legacy.capacity is not None and legacy.capacity.stopped_by == "legacy"
+    assert legacy.capacity.low == legacy.capacity.value == 2.0 and legacy.capacity.high is None
+    assert dataclasses.replace(legacy, capacity=None) == _trial_result()
     assert [p.name for p in placement.load(tmp_path)] == ["trial-000"]
 
 
@@ -337,13 +365,16 @@ def test_legacy_trial_json_reads(tmp_path: Path) -> None:
 def test_a_newer_schema_version_is_refused_with_a_clear_error(
     tmp_path: Path, record: Any, data: dict[str, Any]
 ) -> None:
-    path = _write(tmp_path / "x.json", {**data, "schema_version": 2})
+    newer = record.SCHEMA_VERSION + 1
+    readable = tuple(range(newer))
+    path = _write(tmp_path / "x.json", {**data, "schema_version": newer})
     with pytest.raises(RecordVersionError) as err:
         record.read(path)
     msg = str(err.value)
-    assert str(path) in msg and "schema_version 2" in msg and "reads 0, 1" in msg
+    shown = ", ".join(str(v) for v in readable)
+    assert str(path) in msg and f"schema_version {newer}" in msg and f"reads {shown}" in msg
     assert isinstance(err.value, ValueError)
-    assert err.value.found == 2 and err.value.readable == (0, 1)
+    assert err.value.found == newer and err.value.readable == readable
 
 
 def test_readers_fail_on_a_newer_file_with_the_version_error_not_a_key_error(
@@ -381,13 +412,13 @@ def test_a_trial_of_a_newer_autotuner_stops_the_report(tmp_path: Path) -> None:
     study = _legacy_study(layout.study_dir("legacy", "e"))
     assert jobs.study_summary(layout, "legacy", "e")["best_goodput"] == 4.0
     study.add_trial(
-        create_trial(values=[1.0, 1.0], user_attrs={"schema_version": 2}, constraints={"c": 0})
+        create_trial(values=[1.0, 1.0], user_attrs={"schema_version": 3}, constraints={"c": 0})
     )
-    with pytest.raises(RecordVersionError, match="trial 3: trial record has schema_version 2"):
+    with pytest.raises(RecordVersionError, match="trial 3: trial record has schema_version 3"):
         render(study, tmp_path)
     # The daemon's status page says so instead of failing.
     summary = jobs.study_summary(layout, "legacy", "e")
-    assert "schema_version 2" in summary["error"] and summary["best_goodput"] is None
+    assert "schema_version 3" in summary["error"] and summary["best_goodput"] is None
 
 
 def test_a_record_of_the_wrong_shape_is_a_record_error(tmp_path: Path) -> None:
@@ -410,7 +441,7 @@ def test_a_manifest_written_by_promote_is_read_back_by_every_reader(tmp_path: Pa
     returned = promote(ctx, sc.confirm_run, lambda s: None)
     path = ctx.study_dir / "promoted" / "optimization_manifest.json"
     on_disk = json.loads(path.read_text())
-    assert on_disk == returned and on_disk["schema_version"] == 1
+    assert on_disk == returned and on_disk["schema_version"] == Manifest.SCHEMA_VERSION
     assert on_disk["schema"] == "autotuner/optimization_manifest/1"
     manifest = Manifest.read(path)
     assert manifest.to_data() == on_disk
@@ -422,7 +453,7 @@ def test_a_manifest_written_by_promote_is_read_back_by_every_reader(tmp_path: Pa
     # `autotuner compare-engines`
     params, load, label = regress._promoted(path.parent)
     assert params == {"enforce_eager": True, "max_num_seqs": 32} and label == "trial-4"
-    assert load == pytest.approx(2.0)
+    assert load == pytest.approx(29.0)  # met in every confirmation replicate
     # The daemon, once the bundle sits where its layout expects it.
     layout = jobs.Layout(tmp_path / "state")
     layout.bundle("s", "e").parent.mkdir(parents=True)
@@ -430,7 +461,7 @@ def test_a_manifest_written_by_promote_is_read_back_by_every_reader(tmp_path: Pa
     promo = jobs.promotion_from(layout, "s", "e", 9.0)
     assert promo is not None
     assert promo["label"] == "trial-4" and promo["meets_sla"] is True
-    assert promo["goodput"] == pytest.approx(30.0) and promo["load"] == pytest.approx(2.0)
+    assert promo["goodput"] == pytest.approx(30.0) and promo["load"] == pytest.approx(29.0)
     assert promo["engine_version"] == "vllm 0.32.0 (cpu)"
     # The study remembers the promotion as a versioned study record.
     note = StudyRecord.from_attrs(ctx.study.user_attrs, "promote-unit").promotion

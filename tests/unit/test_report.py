@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -352,3 +353,60 @@ def test_fallback_plan_lists_each_fallback_with_triggers_cost_and_command() -> N
 def test_fallback_plan_without_fallbacks() -> None:
     md = fallback_plan_md("s", "trial 1", {}, [], [])
     assert "No fallback" in md
+
+
+def test_pareto_csv_and_svg_say_which_figures_were_confirmed() -> None:
+    confirmed = [dataclasses.replace(p, basis="confirmed, 3 replicates") for p in POINTS[:2]]
+    points = [*confirmed, *POINTS[2:]]
+    rows = list(csv.DictReader(io.StringIO(pareto_csv(points, ["goodput"], figures=True))))
+    assert list(rows[0]) == ["trial", "role", "feasible", "figures", "goodput", "params"]
+    assert [r["figures"] for r in rows[:3]] == ["confirmed, 3 replicates"] * 2 + ["single run"]
+    root = parse(pareto_svg(points, "goodput", "p99_ttft_ms"))
+    sub = "confirmed in replicates: trial 0, trial 1, others single runs"
+    assert any(sub in t for t in texts(root))
+    tips = [m.find(f"{SVG}title") for m in with_class(root, "point")]
+    assert any(t is not None and "(single run)" in (t.text or "") for t in tips)
+
+
+def test_no_load_trigger_where_confirmation_already_decided() -> None:
+    faster = {"capacity": 30.0, "goodput": 30.0, "p99_ttft_ms": 260.0}
+    promoted = {**PROMOTED_METRICS, "capacity": 24.0}
+    args = {"promoted_params": PROMOTED_PARAMS, "promoted_metrics": promoted, "is_baseline": False}
+    text = "\n".join(trigger_sentences(PROMOTED_PARAMS, faster, **args))
+    assert "SLA is violated above 24.00 req/s (the promoted config's measured capacity)" in text
+    settled = "\n".join(trigger_sentences(PROMOTED_PARAMS, faster, **args, rate_settled=True))
+    assert "violated above" not in settled
+    # A lead inside the capacity resolution is no trigger; a single run's lead is marked.
+    close = {**faster, "capacity": 24.5}
+    inside = trigger_sentences(PROMOTED_PARAMS, close, **args, rate_margin=0.03)
+    assert "violated" not in "".join(inside)
+    marked = trigger_sentences(PROMOTED_PARAMS, faster, **args, rate_basis="single runs")
+    assert any(t.endswith("up to 30.00 req/s (single runs)") for t in marked)
+
+
+def test_fallback_plan_marks_where_each_figure_comes_from() -> None:
+    fb = Fallback(
+        1,
+        "baseline (engine defaults)",
+        {},
+        ["vllm", "serve", "m"],
+        {"capacity": 20.0, "p99_ttft_ms": 200.0},
+        {"capacity": -0.1667, "p99_ttft_ms": -0.2},
+        ["anything else fails"],
+        basis={"capacity": "mean of 3 replicates", "p99_ttft_ms": "single run"},
+        change_text={"capacity": "-16.7 % [-20.1, -13.0] (confirmed: lower)"},
+    )
+    md = fallback_plan_md(
+        "s",
+        "trial 7",
+        {"capacity": 24.0, "p99_ttft_ms": 250.0},
+        [fb],
+        [],
+        promoted_basis={"capacity": "mean of 3 replicates", "p99_ttft_ms": "single run"},
+    )
+    assert "| capacity | 24.00 req/s (mean of 3 replicates) |" in md
+    assert (
+        "| capacity | 20.00 req/s (mean of 3 replicates) | 24.00 req/s (mean of 3 replicates) "
+        "| -16.7 % [-20.1, -13.0] (confirmed: lower) |"
+    ) in md
+    assert "| p99 TTFT | 200.0 ms (single run) | 250.0 ms (single run) | -20.0 % (better) |" in md

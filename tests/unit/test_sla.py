@@ -127,7 +127,13 @@ def test_defaults() -> None:
     assert sla.workload.api == "completions"
     assert sla.workload.warmup_requests == 0 and sla.workload.request_timeout_s == 300
     assert sla.constraints == []
-    assert sla.objectives == [Objective(metric="goodput", direction="maximize")]
+    # capacity is the default first objective (issue 16); goodput stays accepted.
+    assert sla.objectives == [Objective(metric="capacity", direction="maximize")]
+    assert sla.tune.capacity_resolution == 0.03 and sla.tune.confidence == 0.95
+    assert sla.tune.max_requests_per_level == 600 and sla.tune.max_levels == 8
+    assert parse_sla(MINIMAL + "objectives: [{maximize: goodput}]\n").objectives[0].metric == (
+        "goodput"
+    )
     assert sla.source_path is None
 
 

@@ -1,0 +1,171 @@
+"""How many requests a load level needs, and what one level says about each SLA constraint.
+
+Sizing. A percentile limit (p99 TTFT <= 500 ms) can be shown met only when the level has enough
+requests for an order statistic to bound the percentile at the SLA's confidence
+(:func:`autotuner.measure.quantile.requests_needed`: p99 at 95 %: 299, p90: 29; a p99 from 30
+requests is the sample's maximum). So a level sends the workload's ``requests``, raised to what
+the highest constrained percentile needs and capped by ``tune.max_requests_per_level``. When
+the cap (or a workload bounded by ``duration_s``) leaves fewer, no level can meet that limit:
+the best it can say is undecided, and `autotuner check` warns.
+
+Verdicts. Per constraint, ``meets`` / ``misses`` / ``undecided``: a percentile limit from the
+order-statistic bounds of the level's latencies (those of successful requests, like the point
+value the tables show; failures count through ``max_error_rate``); every other constraint
+(means, rates, goodput, error rate, memory, p100) from its point value, which is what it
+is: a mean over the level or a count, not a tail estimate. A metric that could not be
+measured at all misses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotuner.measure.evaluate import Evaluation
+from autotuner.measure.loadgen import LoadResult
+from autotuner.measure.quantile import Outcome, combine, quantile_interval, requests_needed
+from autotuner.sla.spec import Constraint, Sla, parse_percentile_metric
+
+
+def percentile_of(c: Constraint) -> tuple[float, str] | None:
+    """``(0.99, "ttft")`` for a ``p99_ttft_ms`` limit; None for point constraints (p100 too:
+    the maximum is its own bound)."""
+    parsed = parse_percentile_metric(c.metric)
+    if parsed is None or c.bound != "max" or parsed[0] >= 100:
+        return None
+    return parsed[0] / 100, parsed[1]
+
+
+@dataclass(frozen=True)
+class LevelSize:
+    """The requests each load level sends, and whether that resolves the SLA's percentiles."""
+
+    requests: int | None  # None: the workload's duration_s alone bounds a level
+    needed: int  # fewest requests for which every percentile limit can be met (0: none)
+    hardest: str | None  # the constraint key that needs ``needed``
+    confidence: float
+    capped: bool  # ``needed`` is above tune.max_requests_per_level
+
+    @property
+    def resolves(self) -> bool:
+        """Whether a level can show every percentile limit met (duration-only: unknown)."""
+        return self.requests is None or self.requests >= self.needed
+
+
+def level_size(sla: Sla) -> LevelSize:
+    """The request count of one level for ``sla`` (see the module docstring)."""
+    confidence = sla.tune.confidence
+    needed, hardest = 0, None
+    for c in sla.constraints:
+        pct = percentile_of(c)
+        if pct is not None and (n := requests_needed(pct[0], confidence)) > needed:
+            needed, hardest = n, c.key
+    cap = sla.tune.max_requests_per_level
+    base = sla.workload.requests
+    if base is None:
+        return LevelSize(None, needed, hardest, confidence, needed > cap)
+    return LevelSize(
+        min(max(base, needed), max(base, cap)), needed, hardest, confidence, needed > cap
+    )
+
+
+def resolution_notes(sla: Sla) -> tuple[list[str], list[str]]:
+    """``(warnings, notes)`` about the level size, for `autotuner check` and `tune`.
+
+    A warning: some percentile limit can never be shown met (levels too small). A note: levels
+    are larger than ``workload.requests`` because the percentile needs it.
+    """
+    size = level_size(sla)
+    warnings: list[str] = []
+    notes: list[str] = []
+    if size.hardest is None:
+        return warnings, notes
+    conf = f"{size.confidence:.0%}"
+    what = f"{size.hardest} at {conf} confidence needs {size.needed} requests per load level"
+    w = sla.workload
+    if size.requests is not None and size.requests < size.needed:
+        warnings.append(
+            f"{what}, but levels send {size.requests} (tune.max_requests_per_level "
+            f"{sla.tune.max_requests_per_level}): no level can show it met, capacity will be "
+            "undecided; raise the cap, lower tune.confidence or constrain a lower percentile"
+        )
+    elif size.requests is not None and w.requests is not None and size.requests > w.requests:
+        notes.append(
+            f"{what}: levels send {size.requests} instead of workload.requests {w.requests}"
+        )
+    rate = getattr(w.arrival, "rate", None)
+    if w.duration_s is not None and rate is not None:
+        expected = math.floor(rate * w.duration_s)
+        if expected < size.needed:
+            warnings.append(
+                f"{what}, but workload.duration_s {w.duration_s:g} at {rate:g} req/s sends "
+                f"about {expected}: at the SLA's own load no level can show it met; "
+                "lengthen duration_s or constrain a lower percentile"
+            )
+    return warnings, notes
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What one level says: each constraint's verdict, the level's, and the margin the
+    capacity search interpolates (> 0: not shown met; None: nothing to interpolate)."""
+
+    verdicts: dict[str, Outcome]
+    verdict: Outcome
+    margin: float | None
+
+
+def judge(result: LoadResult, ev: Evaluation, sla: Sla, confidence: float) -> Judgement:
+    """Each constraint's verdict on one level (see the module docstring), and the level's
+    search margin: the largest over the constraints of the margin that decides ``meets``.
+
+    For a percentile limit that is the margin of the percentile's upper confidence bound,
+    not of its point value, so that the margin crosses zero where the verdicts turn from
+    meets to undecided: the search then looks where a level can be shown to meet the SLA
+    (interpolating point values would aim at the middle of the undecided zone). A limit of
+    0 (``max_error_rate: 0``) has an absolute margin that is 0 whenever it is met, which
+    says nothing about the distance to the limit: it counts only when violated.
+    """
+    verdicts: dict[str, Outcome] = {}
+    margins: list[float] = []
+    informative = True
+    by_key = {v.key: v for v in ev.verdicts}
+    for c in sla.constraints:
+        point = by_key[c.key]
+        pct = percentile_of(c)
+        if point.value is None or math.isnan(point.value):
+            verdicts[c.key] = "misses"
+            informative = False
+            continue
+        if pct is None:
+            verdicts[c.key] = "meets" if point.met else "misses"
+            if c.limit != 0 or point.margin > 0:
+                margins.append(point.margin)
+            continue
+        interval = quantile_interval(result.latencies_ms(pct[1]).tolist(), pct[0], confidence)
+        verdicts[c.key] = interval.verdict(c.limit, "max")
+        if interval.upper is None:
+            informative = False  # too few requests for an upper bound: no margin to use
+        else:
+            margins.append((interval.upper - c.limit) / c.limit)
+    margin = max(margins) if informative and margins else None
+    return Judgement(verdicts, combine(verdicts.values()), margin)
+
+
+def pooled(a: LoadResult, b: LoadResult) -> LoadResult:
+    """Two runs at the same load as one sample: their requests together, their measured
+    durations added (so rates stay requests per second of measuring). The monitor summary is
+    the later run's, with the peak memory of both."""
+    monitor = dict(b.monitor)
+    peaks = [
+        p for p in (a.monitor.get("peak_memory_bytes"), b.monitor.get("peak_memory_bytes")) if p
+    ]
+    if peaks:
+        monitor["peak_memory_bytes"] = max(peaks)
+    return LoadResult(
+        b.plan,
+        a.records + b.records,
+        a.duration_s + b.duration_s,
+        a.warmup_failed + b.warmup_failed,
+        monitor,
+    )

@@ -1,0 +1,141 @@
+"""Level sizing, per-level verdicts and the search margin (autotuner.measure.levels), and the
+warning `autotuner check` gives when levels cannot resolve the SLA's percentile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotuner.cli.check import check_main
+from autotuner.measure.evaluate import evaluate
+from autotuner.measure.levels import judge, level_size, pooled, resolution_notes
+from autotuner.measure.loadgen import LoadResult, RequestRecord
+from autotuner.sla.spec import parse_sla
+
+BASE = """
+model: {{synth: tiny-llama}}
+workload:
+  input_tokens: 8
+  output_tokens: 4
+  arrival: {{process: poisson, rate: 2}}
+  {size}
+constraints: {{{constraints}}}
+tune: {{{tune}}}
+"""
+
+
+def sla(constraints: str, size: str = "requests: 30", tune: str = "") -> str:
+    return BASE.format(constraints=constraints, size=size, tune=tune)
+
+
+def result(ttfts_ms: list[float], errors: int = 0) -> LoadResult:
+    records = [
+        RequestRecord(i, 0.0, 0.0, 4, ttft_s=t / 1000, itl_s=(0.01,) * 3, e2e_s=t / 1000 + 0.03,
+                      prompt_tokens=8, output_tokens=4)
+        for i, t in enumerate(ttfts_ms)
+    ]  # fmt: skip
+    records += [
+        RequestRecord(len(records) + i, 0.0, 0.0, 4, error="timeout") for i in range(errors)
+    ]
+    return LoadResult({}, tuple(records), 10.0)
+
+
+def test_levels_grow_to_the_requests_the_highest_percentile_needs() -> None:
+    s = level_size(parse_sla(sla("p99_ttft_ms: 500, p90_tpot_ms: 50")))
+    assert (s.requests, s.needed, s.hardest, s.resolves) == (299, 299, "p99_ttft_ms", True)
+    # p90 at 95 % needs 29: 30 requests are enough, and are kept as they are.
+    s = level_size(parse_sla(sla("p90_ttft_ms: 500")))
+    assert (s.requests, s.needed) == (30, 29)
+    # A lower confidence needs fewer.
+    assert level_size(parse_sla(sla("p99_ttft_ms: 500", tune="confidence: 0.9"))).needed == 230
+    # No percentile (means, error rate, p100): nothing to grow for.
+    s = level_size(parse_sla(sla("min_goodput: 1, p100_ttft_ms: 900, max_error_rate: 0")))
+    assert (s.requests, s.needed, s.hardest) == (30, 0, None)
+    # More requests than needed, and than the cap: the workload's count stands.
+    assert level_size(parse_sla(sla("p90_ttft_ms: 5", size="requests: 900"))).requests == 900
+
+
+def test_a_cap_below_the_need_is_a_warning() -> None:
+    text = sla("p99_ttft_ms: 500", tune="max_requests_per_level: 100")
+    s = level_size(parse_sla(text))
+    assert (s.requests, s.capped, s.resolves) == (100, True, False)
+    warnings, notes = resolution_notes(parse_sla(text))
+    assert len(warnings) == 1 and notes == []
+    assert "p99_ttft_ms at 95% confidence needs 299 requests per load level" in warnings[0]
+    assert "levels send 100" in warnings[0] and "undecided" in warnings[0]
+    # Uncapped, the same SLA only gets a note that its levels grow.
+    warnings, notes = resolution_notes(parse_sla(sla("p99_ttft_ms: 500")))
+    assert warnings == [] and notes == [
+        "p99_ttft_ms at 95% confidence needs 299 requests per load level: levels send 299 "
+        "instead of workload.requests 30"
+    ]
+
+
+def test_a_duration_too_short_for_the_percentile_is_a_warning() -> None:
+    warnings, _ = resolution_notes(parse_sla(sla("p99_ttft_ms: 500", size="duration_s: 60")))
+    assert len(warnings) == 1 and "duration_s 60 at 2 req/s sends about 120" in warnings[0]
+    warnings, _ = resolution_notes(parse_sla(sla("p90_ttft_ms: 500", size="duration_s: 60")))
+    assert warnings == []
+
+
+def test_check_warns_on_stderr_and_notes_on_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capped = tmp_path / "capped.yaml"
+    capped.write_text(sla("p99_ttft_ms: 500", tune="max_requests_per_level: 100"))
+    assert check_main([str(capped)]) == 0  # valid: a warning, not an error
+    out, err = capsys.readouterr()
+    assert out.startswith(f"OK {capped}\n")
+    assert f"{capped}: warning: p99_ttft_ms at 95% confidence needs 299" in err
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(sla("p99_ttft_ms: 500", tune="confirm: {replicates: 1}"))
+    assert check_main([str(grown)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and f"{grown}: note: p99_ttft_ms at 95% confidence needs 299" in out
+    assert "tune.confirm.replicates 1" in out
+
+
+def test_percentile_verdicts_need_the_interval_clear_of_the_limit() -> None:
+    s = parse_sla(sla("p90_ttft_ms: 100"))
+    # 30 requests, p90 at 95 %: meets needs every request under the limit (the max is the bound).
+    under = result([50.0] * 29 + [99.0])
+    j = judge(under, evaluate(under, s), s, 0.95)
+    assert j.verdicts == {"p90_ttft_ms": "meets"} and j.verdict == "meets"
+    assert j.margin == pytest.approx((99.0 - 100) / 100)  # the bound's margin, not the p90's
+    one_over = result([50.0] * 29 + [150.0])  # the point p90 is 50 ms, far inside the limit
+    j = judge(one_over, evaluate(one_over, s), s, 0.95)
+    assert j.verdict == "undecided" and j.margin == pytest.approx(0.5)
+    many_over = result([50.0] * 20 + [150.0] * 10)
+    assert judge(many_over, evaluate(many_over, s), s, 0.95).verdict == "misses"
+
+
+def test_point_constraints_and_an_error_limit_of_zero() -> None:
+    s = parse_sla(sla("p90_ttft_ms: 100, max_error_rate: 0, min_goodput: 2"))
+    ok = result([50.0] * 30)
+    j = judge(ok, evaluate(ok, s), s, 0.95)
+    assert j.verdicts == {
+        "p90_ttft_ms": "meets",
+        "max_error_rate": "meets",
+        "min_goodput": "meets",
+    }
+    # The met error limit of 0 (margin exactly 0) must not pin the search margin to 0: the
+    # largest informative margin is the p90 bound's (50 ms against 100).
+    assert j.margin == pytest.approx(-0.5)
+    failing = result([50.0] * 30, errors=2)
+    j = judge(failing, evaluate(failing, s), s, 0.95)
+    assert j.verdicts["max_error_rate"] == "misses" and j.verdict == "misses" and j.margin > 0
+
+
+def test_a_level_without_successful_requests_misses() -> None:
+    s = parse_sla(sla("p90_ttft_ms: 100"))
+    dead = result([], errors=30)
+    j = judge(dead, evaluate(dead, s), s, 0.95)
+    assert j.verdict == "misses" and j.margin is None
+
+
+def test_pooled_runs_add_requests_and_durations() -> None:
+    a, b = result([10.0] * 3), result([20.0] * 2, errors=1)
+    both = pooled(a, b)
+    assert len(both.records) == 6 and both.duration_s == 20.0
+    assert [r.ttft_s for r in both.records[:3]] == [0.01] * 3

@@ -1,0 +1,239 @@
+"""One launch's load levels without an engine: a fake engine and a fake load generator whose
+latencies follow a queueing curve, so that run_trial's capacity search, level sizing,
+per-level verdicts, re-measures of undecided levels and records are all exercised in seconds.
+
+The real engine is covered by tests/integration/test_levels_real.py and test_tune_real.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import pytest
+
+from autotuner.engines.base import Endpoint
+from autotuner.measure.loadgen import LoadPlan, LoadResult, RequestRecord
+from autotuner.records.trial import TrialFile
+from autotuner.search import trial as trial_mod
+from autotuner.search.trial import SearchSettings, TrialResult, run_trial
+from autotuner.sla.spec import parse_sla
+
+SATURATION = 10.0  # req/s where the fake engine's queue never drains
+BASE_TTFT_MS = 50.0
+SIGMA = 0.2  # lognormal spread of one level's latencies
+
+
+def sla_text(constraints: str, requests: int = 30, tune: str = "") -> str:
+    return f"""
+name: levels-unit
+model: {{synth: tiny-llama}}
+workload:
+  input_tokens: 8
+  output_tokens: 4
+  arrival: {{process: poisson, rate: 2}}
+  requests: {requests}
+constraints: {{{constraints}}}
+tune: {{{tune}}}
+"""
+
+
+def ttft_ms(rate: float, i: int, n: int) -> float:
+    """Request i of n at ``rate``: a queueing curve times a deterministic lognormal spread
+    (the (i + 0.5) / n quantile), so a level's percentiles are exact functions of the rate."""
+    queue = BASE_TTFT_MS / max(1e-3, 1 - rate / SATURATION) if rate < SATURATION else 1e6
+    z = NormalDist().inv_cdf((i + 0.5) / n)
+    return queue * math.exp(SIGMA * z)
+
+
+@dataclass
+class FakeLoad:
+    """Stands in for run_load: what each call was asked, and synthetic records."""
+
+    plans: list[LoadPlan] = field(default_factory=list)
+    fail_every: int | None = None  # every k-th request fails
+
+    async def __call__(self, base_url: str, model: str, plan: LoadPlan, **_: Any) -> LoadResult:
+        self.plans.append(plan)
+        rate = plan.arrival.rate or float(plan.arrival.concurrency or 1)
+        n = plan.requests or 1
+        records = []
+        for i in range(n):
+            if self.fail_every and (i + 1) % self.fail_every == 0:
+                records.append(
+                    RequestRecord(plan.factory.first_index + i, 0.0, 0.0, 4, error="timeout")
+                )
+                continue
+            t = ttft_ms(rate, i, n) / 1000
+            records.append(
+                RequestRecord(
+                    plan.factory.first_index + i,
+                    i / rate,
+                    0.0,
+                    4,
+                    ttft_s=t,
+                    itl_s=(0.01, 0.01, 0.01),
+                    e2e_s=t + 0.03,
+                    prompt_tokens=8,
+                    output_tokens=4,
+                )
+            )
+        return LoadResult(plan.describe(), tuple(records), n / rate)
+
+
+class FakeMonitor:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def summary(self) -> dict[str, Any]:
+        return {"peak_memory_bytes": None, "engine": {}, "engine_gpus": {}}
+
+
+class FakeEngine:
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.cuda_devices = None
+        self.stopped = False
+
+    def processes(self) -> list[Any]:
+        return []
+
+    def argv(self) -> list[str]:
+        return ["fake-engine"]
+
+    async def launch(self) -> Endpoint:
+        return Endpoint("http://127.0.0.1:9", "m", 1, ("fake-engine",), self.log_path, 1.0)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeLoad:
+    load = FakeLoad()
+    monkeypatch.setattr(trial_mod, "run_load", load)
+    monkeypatch.setattr(trial_mod, "Monitor", FakeMonitor)
+    monkeypatch.setattr(trial_mod, "make_engine", lambda sla, py, md, p, log, cuda: FakeEngine(log))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    return load
+
+
+def run(tmp_path: Path, text: str, settings: SearchSettings | None = None) -> TrialResult:
+    sla = parse_sla(text)
+    return run_trial(
+        {},
+        sla,
+        python=Path("python"),
+        model_dir=tmp_path / "model",
+        run_dir=tmp_path / "run",
+        cuda_devices=None,
+        settings=settings or SearchSettings.of(sla),
+        say=lambda s: None,
+    )
+
+
+def true_capacity(limit_ms: float, q: float) -> float:
+    """Where the fake engine's q-quantile of TTFT crosses ``limit_ms``."""
+    factor = math.exp(SIGMA * NormalDist().inv_cdf(q))
+    return SATURATION * (1 - BASE_TTFT_MS * factor / limit_ms)
+
+
+def test_capacity_is_bracketed_to_the_resolution_with_fresh_prompts_per_level(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    result = run(tmp_path, sla_text("p90_ttft_ms: 150, max_error_rate: 0.0", requests=60))
+    cap = result.capacity
+    assert cap is not None and result.status == "complete" and result.feasible
+    # Within the resolution, or the level budget says it stopped the search.
+    assert (cap.width is not None and cap.width <= 0.03 + 1e-9) or (
+        cap.stopped_by == "budget" and "tune.max_levels" in cap.note
+    )
+    assert cap.high is not None and cap.low <= cap.value <= cap.high
+    # The order-statistic verdicts are conservative: the bracket sits at or below the truth.
+    assert cap.low <= true_capacity(150, 0.9) * 1.01
+    levels = result.levels
+    assert levels[0].load == 2.0 and levels[0].verdict == "meets"
+    assert result.best is not None and levels[result.best].load == cap.low
+    assert result.max_load == cap.low and result.metric("capacity") == cap.value
+    assert all(lv.verdict in ("meets", "misses", "undecided") for lv in levels)
+    assert all(lv.feasible == (lv.verdict == "meets") for lv in levels)
+    # Every level sent requests the engine had not seen: index ranges never overlap.
+    spans = [(p.factory.first_index, p.factory.first_index + (p.requests or 0)) for p in fake.plans]
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start
+    assert fake.plans[0].warmup_requests == 0 or spans[0][0] == 0
+    # trial.json holds the capacity and each level's verdicts.
+    saved = TrialFile.read(tmp_path / "run" / "trial.json")
+    assert saved.schema_version == 2 and saved.capacity == cap
+    assert saved.levels[0].verdicts == {"p90_ttft_ms": "meets", "max_error_rate": "meets"}
+    assert saved.levels[0].requests == 60
+
+
+def test_levels_grow_to_what_the_percentile_needs(fake: FakeLoad, tmp_path: Path) -> None:
+    # p99 at 95 % needs 299 requests: 30 per level could never show it met.
+    result = run(tmp_path, sla_text("p99_ttft_ms: 400", requests=30, tune="max_levels: 2"))
+    assert [p.requests for p in fake.plans] == [299, 299]
+    assert result.levels[0].requests == 299 and result.levels[0].verdict == "meets"
+
+
+def test_too_few_requests_leave_the_level_undecided_and_say_so(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    # The cap keeps levels at 100 requests: the p99's upper bound does not exist, every level
+    # is undecided, is measured once more (pooled: 200 requests, still short of 299) and then
+    # counts as a miss: the config is not shown to meet the SLA, and the reason says why.
+    text = sla_text("p99_ttft_ms: 400", requests=30, tune="max_requests_per_level: 100")
+    result = run(tmp_path, text)
+    assert result.status == "stopped_early" and not result.feasible
+    assert [(lv.load, lv.verdict, lv.runs, lv.requests) for lv in result.levels] == [
+        (2.0, "undecided", 1, 100),
+        (2.0, "undecided", 2, 200),
+    ]
+    assert result.capacity is not None and result.capacity.stopped_by == "undecided"
+    assert result.reason is not None and "could not tell whether it meets the SLA" in result.reason
+    assert "p99_ttft_ms undecided after 200 requests" in result.reason
+    assert result.metric("capacity") == 0.0
+    # The re-measure sent fresh requests, and its level file holds both runs.
+    assert fake.plans[1].factory.first_index == 100
+    pooled = json.loads((tmp_path / "run" / "level-1.json").read_text())
+    assert len(pooled["records"]) == 200
+
+
+def test_a_config_that_misses_its_own_load_stops_after_one_level(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    fake.fail_every = 3  # a third of the requests fail: the error-rate limit 0 misses
+    result = run(tmp_path, sla_text("p90_ttft_ms: 1000, max_error_rate: 0.0", requests=30))
+    assert len(result.levels) == 1 and result.status == "stopped_early"
+    assert result.levels[0].verdicts["max_error_rate"] == "misses"
+    assert result.reason == "misses the SLA at poisson 2 req/s (max_error_rate)"
+    assert result.capacity is not None and result.capacity.stopped_by == "infeasible_at_start"
+
+
+def test_the_level_budget_that_stopped_the_search_is_named(fake: FakeLoad, tmp_path: Path) -> None:
+    result = run(tmp_path, sla_text("p90_ttft_ms: 150", requests=60, tune="max_levels: 3"))
+    cap = result.capacity
+    assert cap is not None and cap.stopped_by == "budget" and len(result.levels) == 3
+    assert "tune.max_levels = 3" in cap.note
+
+
+def test_a_confirmation_replicate_searches_around_its_claim_not_below_the_sla_load(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    text = sla_text("p90_ttft_ms: 150", requests=60)
+    claim = 4.0
+    result = run(tmp_path, text, SearchSettings(max_levels=4, around=claim))
+    loads = [lv.load for lv in result.levels]
+    assert loads[0] == pytest.approx(claim / 1.03)
+    assert all(load >= 2.0 for load in loads)  # never below the SLA's own rate
+    # A claim below the SLA's own load starts at it, not under it.
+    fake.plans.clear()
+    low = run(tmp_path, text, SearchSettings(max_levels=2, around=1.0))
+    assert low.levels[0].load >= 2.0
