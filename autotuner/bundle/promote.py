@@ -219,12 +219,23 @@ def _replicates(
         res = run(configs[name].params, run_dir, around[name])
         reps.append(_replicate(name, r, res, str(run_dir.relative_to(ctx.study_dir))))
         got = reps[-1].capacity
-        say("  -> failed to launch" if got is None else f"  -> capacity {got:.3g} {unit}")
+        if got is not None:
+            say(f"  -> capacity {got:.3g} {unit}")
+        elif res.status == "failed":
+            say(f"  -> failed to launch ({res.cause}): left out of the comparison")
+        else:
+            cap = res.found_capacity()
+            note = cap.note if cap is not None else res.reason
+            say(f"  -> capacity unknown ({note}): left out of the comparison")
     return reps
 
 
 def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
     cap = None if res.status == "failed" else res.found_capacity()
+    if cap is not None and cap.low <= 0 and cap.stopped_by == "budget":
+        # Stepped down from its claim without reaching the SLA's own load: its capacity is
+        # unknown (somewhere below the lowest level tried), not "missed the SLA".
+        cap = None
     level = None
     if res.levels:
         level = res.levels[res.best if res.best is not None else 0]

@@ -506,8 +506,9 @@ class StudyRunner:
     def _report(self, number: int, result: TrialResult, state: TrialState) -> None:
         verdict = "meets the SLA" if result.feasible else f"infeasible: {result.reason}"
         cap = result.found_capacity()
+        held = "-" if cap is None else cap.describe() if cap.low > 0 else f"0 {cap.unit}"
         self.say(
-            f"  -> {verdict}; capacity {cap.describe() if cap else '-'}, goodput at capacity "
+            f"  -> {verdict}; capacity {held}, goodput at capacity "
             f"{_fmt(result.metric('goodput'), ' req/s')}, "
             f"p99 TTFT {_fmt(result.metric('p99_ttft_ms'), ' ms')} "
             f"({result.duration_s:.0f} s)"

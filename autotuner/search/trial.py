@@ -237,6 +237,9 @@ def describe_stop(
         return f"bracket within the resolution {settings.resolution:.0%}"
     if cap.stopped_by == "budget":
         spent = f"the level budget (tune.max_levels = {settings.max_levels}) was spent"
+        if cap.low <= 0:  # a confirmation replicate stepping down from its claim
+            lowest = min((lv.load for lv in levels), default=0.0)
+            return f"{spent} before any level was shown to meet the SLA (lowest: {lowest:.3g})"
         if width is None:
             return f"{spent} before any level missed the SLA: capacity is at least {cap.low:.3g}"
         return f"{spent} with the bracket {width:.1%} wide (resolution {settings.resolution:.0%})"
@@ -331,7 +334,7 @@ async def _measure_levels(
         note=describe_stop(cap, levels, base, settings),
         resolution=settings.resolution,
     )
-    say(f"    capacity {record.describe()}: {record.note}")
+    say(f"    capacity {record.describe()}" + (f": {record.note}" if record.low > 0 else ""))
     return levels, record
 
 

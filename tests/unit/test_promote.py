@@ -9,6 +9,7 @@ is cheap to reach and the bundle's files are checked for what they say.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from autotuner.bundle.promote import Context, promote
+from autotuner.bundle.promote import Context, _replicate, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.records.manifest import Manifest
@@ -392,3 +393,15 @@ def test_one_replicate_promotes_a_candidate_over_a_baseline_that_misses_the_sla(
     assert sc.confirm_calls == []
     assert manifest["promoted"]["label"] == "trial-1" and manifest["promoted"]["meets_sla"]
     assert "without confirmation" in manifest["decision"]["reason"]
+
+
+def test_a_replicate_that_reached_no_met_level_is_unknown_not_a_miss() -> None:
+    # Stepping down from its claim, the replicate spent its levels before reaching the SLA's
+    # own load: its capacity is unknown (left out of the pairs), not "missed the SLA" (0).
+    level = _level(2.2, 2.0, 150.0, 100.0)
+    cap = CapacityRecord(value=0.0, low=0.0, high=2.2, unit="req/s", stopped_by="budget")
+    res = TrialResult({}, "complete", "rate", (level,), None, capacity=cap)
+    assert _replicate("baseline", 0, res, "d").capacity is None
+    missed = cap.model_copy(update={"stopped_by": "infeasible_at_start"})
+    rep = _replicate("baseline", 0, dataclasses.replace(res, capacity=missed), "d")
+    assert rep.capacity == 0.0 and not rep.feasible
