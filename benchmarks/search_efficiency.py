@@ -1,39 +1,53 @@
-"""Search efficiency: launches needed to reach a near-best config, ours against grid and random.
+"""Search efficiency: launches needed to reach a near-best config, and launches wasted.
 
-A launch costs 60-130 s on an H200, so the question is how many launches (trials) a search
+A launch costs 60-130 s on an H200, so the questions are how many launches (trials) a search
 needs before it has run a config whose SLA goodput is within ``--tolerance`` (3 %) of the best
-one an exhaustive grid finds. No engine runs here: each surface below is a small analytic
-model of one deployment (model x GPU x workload x SLA) that maps an engine config to its true
-SLA goodput (the highest Poisson arrival rate whose p99 TTFT and p99 TPOT meet the limits),
-its latencies at the SLA's own rate (feasibility) and launch failures (out of memory). A trial
-measures it with seeded multiplicative noise (``--noise``, 5 %): goodput and both latencies
-are perturbed, so configs near a limit can be measured on the wrong side of it.
+one an exhaustive grid finds, and how many of its launches go to configs that miss the SLA at
+its own load (or fail to start). No engine runs here. Surfaces:
+
+* four analytic models of one deployment each (model x GPU x workload x SLA) that map an
+  engine config to its true SLA goodput (the highest Poisson arrival rate whose p99 TTFT and
+  p99 TPOT meet the limits), its latencies at the SLA's own rate (feasibility), the served rate
+  and mean TPOT a load generator would see there, and launch failures (out of memory);
+* ``h200-8b-real``: the H200 grid study under ``docs/benchmarks/h200-llama3-8b/trials/`` (one
+  ``trial-NNN.json`` per launch: params, every level's metrics and margins) replayed: each
+  config's first level as measured (the SLA's own load, 15 req/s; memory included, which the
+  engine defaults missed by 0.45 GiB) and its SLA goodput. Only the grid's 3 x 3 configs and
+  the defaults were measured, so the search runs over that grid (a config outside it would
+  replay as its nearest grid point on a log scale). That doc's caveat holds: levels above the
+  first re-sent cached prompts, so the goodputs that rank the points are overstated.
+
+A trial measures with seeded multiplicative noise (``--noise``, 5 %): goodput and both p99
+latencies are perturbed, so configs near a limit can be measured on the wrong side of it.
 
 Methods, each over the same discrete grid (the exhaustive grid is every combination):
 
-* ``ours``: the real :class:`~autotuner.search.study.StudyRunner` loop (baseline = engine
-  defaults first, repeats reused, configs near an out-of-memory crash pruned by
-  :class:`~autotuner.search.rules.CrashMemory`) with ``make_sampler("auto", ...)``
-  (multivariate TPE,
-  constant liar) over a space from :func:`~autotuner.search.space.load_space` (GPU, 1 device,
-  compute capability 9.0), narrowed to the grid's values with ``ParamOverride(values=...)``
-  and every other option excluded; SQLite storage in a temporary directory.
-* ``ours-random``: the same loop with ``make_sampler("random", ...)``: what the loop itself
-  (baseline first, dedup, crash memory) adds, apart from the sampler.
-* ``grid``: the exhaustive grid in a fixed nested order, the way vLLM's
-  ``benchmarks/auto_tune`` sweeps: ``max_num_seqs`` x ``max_num_batched_tokens`` innermost
-  (ascending), the other options in outer loops with the engine default first. Deterministic:
-  the same count for every seed.
+* ``new``: the search ``autotuner tune`` runs now -- the real
+  :class:`~autotuner.search.study.StudyRunner` loop with the space file's priors and hopeless
+  values (:mod:`autotuner.search.priors`: baseline, then the warm start, then TPE modelling
+  from its second trial), configs near an out-of-memory crash pruned, and the stopping rule
+  (patience 4, resolution 3 %); it runs until it stops itself (or the budget).
+* ``ours``: plain TPE, the search before: the same loop without priors, warm start, hopeless
+  values or stopping rule, with ``make_sampler("auto", ...)`` (multivariate TPE, constant liar)
+  over a space from :func:`~autotuner.search.space.load_space` (GPU, 1 device, compute
+  capability 9.0), narrowed to the grid's values with ``ParamOverride(values=...)`` and every
+  other option excluded; SQLite storage in a temporary directory.
+* ``grid``: the exhaustive grid in a fixed order: for the analytic surfaces the way vLLM's
+  ``benchmarks/auto_tune`` sweeps (``max_num_seqs`` x ``max_num_batched_tokens`` innermost,
+  ascending, the other options in outer loops with the engine default first); for the H200
+  the order the study ran (the defaults, then its points). Deterministic.
 * ``random``: the grid's points in a seeded random order (without replacement).
-* ``ours-group`` (diagnostic, only with ``--methods``): ``ours`` with TPE's ``group=True``.
-  The baseline trial has no params, which empties Optuna's intersection search space, so
-  ``multivariate=True`` in ``make_sampler`` models nothing jointly; this measures a fix.
+* diagnostics, only with ``--methods``: ``ours-random`` (the plain loop with
+  ``make_sampler("random", ...)``) and ``ours-group`` (TPE ``group=True``, now the default).
 
 The count stops at the first launch of a config that is truly feasible (noise-free) with true
 goodput >= (1 - tolerance) x the grid's true best; a launch that crashed counts as a launch.
-Not reached within ``--budget`` launches counts as not reached. This measures finding a
-near-best config, not recognising it: with noise the search's own best-measured trial may be
-another one (the promotion step re-measures the top candidates for that reason).
+Not reached within ``--budget`` launches (or, for ``new``, before it stopped) counts as not
+reached. This measures finding a near-best config, not recognising it: with noise the search's
+own best-measured trial may be another one (promotion confirms the top candidates for that
+reason); for ``new`` the table also says how often its own best was near-best when it stopped.
+The plain methods are cut at the first near-best launch; ``new`` runs to its own end, and its
+share of missed launches is over all of them.
 
 Not modelled: ``rules.check`` pruning (no grid point breaks a rule) and the memory model.
 
@@ -43,6 +57,7 @@ Run: ``nice python benchmarks/search_efficiency.py [--seeds 10] [--budget 60] [-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -58,13 +73,17 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import optuna
 
+from autotuner.records.trial import TrialRecord
+from autotuner.search.priors import SearchPlan
+from autotuner.search.progress import StudyStopper, best_launch
 from autotuner.search.rules import CrashMemory
 from autotuner.search.space import ParamOverride, SearchSpace, load_space
+from autotuner.search.stopping import StoppingRule
 from autotuner.search.study import (
     Budget,
     StudyRunner,
@@ -179,8 +198,8 @@ UNCHUNKED_STALL = 2.0
 BLOCK_SPEED = {16: 1.0, 32: 0.99, 64: 0.985, 128: 0.99}
 
 
-def latencies(d: Deployment, p: Params, kv: float, rate: float) -> tuple[float, float]:
-    """p99 TTFT and p99 TPOT (ms) at Poisson ``rate``; inf when the system is overloaded.
+def latencies(d: Deployment, p: Params, kv: float, rate: float) -> tuple[float, float, float]:
+    """p99 TTFT, p99 TPOT and mean TPOT (ms) at Poisson ``rate``; inf when overloaded.
 
     Decode steps are memory-bound: a floor plus KV reads that grow with the batch. Prefill
     takes a share ``rho`` of GPU time, stretching every decode step by ``1 / (1 - rho)``. A step
@@ -220,7 +239,7 @@ def latencies(d: Deployment, p: Params, kv: float, rate: float) -> tuple[float, 
         running = rate * o * tpot / 1000
         rho = shape(running)[2]
         if rho >= 0.95:
-            return math.inf, math.inf
+            return math.inf, math.inf, math.inf
         nxt = decode_ms(min(running, seqs), rho)
         if running > fits:  # steady-state preemption: recomputation inflates every step
             nxt *= 1 + 2 * (running / fits - 1)
@@ -230,7 +249,7 @@ def latencies(d: Deployment, p: Params, kv: float, rate: float) -> tuple[float, 
     running = rate * o * tpot / 1000
     room, step, rho = shape(running)
     if rho >= 0.95 or running >= 0.98 * seqs or running >= 3 * fits:
-        return math.inf, math.inf
+        return math.inf, math.inf, math.inf
     # p99 batch: Poisson spread, widened because a freed slot admits a waiting burst at once.
     burst = min(seqs, running + 2.33 * BURSTINESS * math.sqrt(running))
     tpot99 = decode_ms(burst, rho)
@@ -251,7 +270,23 @@ def latencies(d: Deployment, p: Params, kv: float, rate: float) -> tuple[float, 
     slot_wait = 0.0
     if p_wait > 0.01:
         slot_wait = o * tpot / (seqs * (1 - util)) * math.log(p_wait / 0.01)
-    return prefill_ms + prefill_wait + slot_wait, tpot99
+    return prefill_ms + prefill_wait + slot_wait, tpot99, tpot
+
+
+def served(d: Deployment, p: Params, kv: float, rate: float) -> tuple[float, float]:
+    """The served request rate and mean TPOT (ms) a load generator would see at ``rate``.
+
+    An overloaded engine serves what it can: the highest rate that does not overload it, with
+    that rate's TPOT (its batch is full).
+    """
+    tpot = latencies(d, p, kv, rate)[2]
+    if math.isfinite(tpot):
+        return rate, tpot
+    lo, hi = 0.0, rate
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.isfinite(latencies(d, p, kv, mid)[2]) else (lo, mid)
+    return lo, latencies(d, p, kv, lo)[2] if lo > 0 else d.step_floor_ms
 
 
 def truth(d: Deployment, p: Params) -> Truth:
@@ -259,10 +294,10 @@ def truth(d: Deployment, p: Params) -> Truth:
     kv, err = kv_tokens(d, p)
     if err:
         return Truth(0.0, math.inf, math.inf, err)
-    ttft, tpot = latencies(d, p, kv, d.rate)
+    ttft, tpot, _ = latencies(d, p, kv, d.rate)
 
     def meets(rate: float) -> bool:
-        t, s = latencies(d, p, kv, rate)
+        t, s, _ = latencies(d, p, kv, rate)
         return t <= d.ttft_ms and s <= d.tpot_ms
 
     if not meets(d.rate):
@@ -289,6 +324,62 @@ class Surface:
 
     def truth(self, p: Params) -> Truth:
         return truth(self.deployment, p)
+
+    def points(self) -> list[dict[str, Any]]:
+        return grid_points(self.allow_lossy)
+
+    def grid_order(self) -> list[dict[str, Any]]:
+        """What the ``grid`` method launches, in order (the defaults are a grid point)."""
+        return self.points()
+
+    def space(self) -> SearchSpace:
+        return search_space(self)
+
+    def measure(self, p: Params, t: Truth, z: np.ndarray) -> TrialResult:
+        """What a real trial would report: noisy latencies at the SLA's rate, noisy goodput,
+        and the means a load generator shows (served rate, mean TTFT and E2E)."""
+        params = dict(p)
+        if t.launch_error:
+            return TrialResult(
+                params, "failed", "rate", reason="CUDA out of memory", cause=t.launch_error
+            )
+        d = self.deployment
+        # An overloaded server's p99 is huge but finite: 10x the limit stands for it.
+        ttft = min(t.ttft_ms, 10 * d.ttft_ms) * z[0]
+        tpot = min(t.tpot_ms, 10 * d.tpot_ms) * z[1]
+        margins: dict[str, float | None] = {
+            "p99_ttft_ms": (ttft - d.ttft_ms) / d.ttft_ms,
+            "p99_tpot_ms": (tpot - d.tpot_ms) / d.tpot_ms,
+        }
+        ok = all(m is not None and m <= 0 for m in margins.values())
+        rate, tpot_mean = served(d, p, kv_tokens(d, p)[0], d.rate)
+        mean_ttft = ttft / 4  # a p99 is several means out in a waiting-time tail
+        at_sla = {
+            "goodput": d.rate if ok else 0.5 * d.rate,
+            "p99_ttft_ms": ttft,
+            "p99_tpot_ms": tpot,
+            "request_rate": rate,
+            "mean_ttft_ms": mean_ttft,
+            "mean_e2e_ms": mean_ttft + (d.output_tokens - 1) * tpot_mean * z[1],
+        }
+        return _found(params, d.rate, ok, at_sla, margins, max(d.rate, t.goodput * z[2]))
+
+
+def _found(
+    params: dict[str, Any],
+    rate: float,
+    ok: bool,
+    at_sla: dict[str, float | None],
+    margins: dict[str, float | None],
+    top: float,
+) -> TrialResult:
+    """A launch's result: the SLA's own level, then (when met) the highest rate it held."""
+    levels = [Level(rate, ok, at_sla, margins, {}, {}, "level-0.json")]
+    if ok:
+        levels.append(Level(top, True, {**at_sla, "goodput": top}, margins, {}, {}, ""))
+    best = len(levels) - 1 if ok else None
+    status = "complete" if ok else "stopped_early"
+    return TrialResult(params, status, "rate", tuple(levels), best, None if ok else "misses")
 
 
 def _surface(name: str, d: Deployment, allow_lossy: bool, doc: str) -> Surface:
@@ -395,11 +486,185 @@ def defaults_best() -> Surface:
     return _surface("defaults-best", d, False, defaults_best.__doc__ or "")
 
 
-SURFACES: dict[str, Callable[[], Surface]] = {
+class Replayable(Protocol):
+    """A response surface a search can be replayed on."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def doc(self) -> str: ...
+
+    @property
+    def allow_lossy(self) -> bool: ...
+
+    @property
+    def sla(self) -> Sla: ...
+
+    def truth(self, p: Params) -> Truth: ...
+
+    def points(self) -> list[dict[str, Any]]: ...
+
+    def grid_order(self) -> list[dict[str, Any]]: ...
+
+    def space(self) -> SearchSpace: ...
+
+    def measure(self, p: Params, t: Truth, z: np.ndarray) -> TrialResult: ...
+
+
+# --------------------------------------------------------------------------- measured surface
+
+H200_GRID = Path(__file__).resolve().parent.parent / "docs/benchmarks/h200-llama3-8b/trials"
+H200_DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}  # vLLM 0.26, H200
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One launch of the H200 grid study: its first level (the SLA's own load, 15 req/s) and
+    its SLA goodput (at the highest level that met the SLA)."""
+
+    trial: int
+    feasible: bool
+    goodput: float  # 0 when it missed the SLA at its own load
+    level0: dict[str, float]
+    margins: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class RealSurface:
+    """The H200 grid study, replayed: Llama-3.1-8B shape on one H200, vLLM 0.26.0, 1024 in /
+    256 out at 15 req/s, p99 TTFT 300 ms, TPOT 20 ms, <= 130 GiB (docs/benchmarks/
+    h200-llama3-8b.md). Every grid point ran at gpu_memory_utilization 0.90 and met the SLA
+    at 15 req/s; the defaults (0.92) took 130.45 GiB and missed it. Caveat from that doc:
+    levels above the first re-sent cached prompts, so goodputs above 15 req/s are overstated
+    (the ranking rests on them); the first level is valid."""
+
+    name: str
+    doc: str
+    sla: Sla = field(repr=False)
+    records: dict[tuple[int, int], Measured] = field(repr=False)
+    order: list[tuple[int, int]] = field(repr=False)  # the grid study's launch order
+    allow_lossy: bool = False
+    nearest: list[int] = field(default_factory=lambda: [0], repr=False)  # replays by nearest
+
+    @classmethod
+    def load(cls, folder: Path = H200_GRID) -> RealSurface:
+        records: dict[tuple[int, int], Measured] = {}
+        for f in sorted(folder.glob("trial-*.json")):
+            data = json.loads(f.read_text())
+            level0 = data["levels"][0]
+            best = data["best"]
+            goodput = data["levels"][best]["metrics"]["goodput"] if best is not None else 0.0
+            params = {**H200_DEFAULTS, **data["params"]}
+            key = (int(params["max_num_seqs"]), int(params["max_num_batched_tokens"]))
+            metrics = {k: float(v) for k, v in level0["metrics"].items() if v is not None}
+            trial = int(f.stem.split("-")[1])
+            records[key] = Measured(trial, best is not None, goodput, metrics, level0["margins"])
+        order = sorted(records, key=lambda k: records[k].trial)
+        sla = parse_sla(
+            "name: h200-8b-real\n"
+            "model: {synth: llama-3.1-8b}\n"
+            "workload: {input_tokens: 1024, output_tokens: 256, "
+            "arrival: {process: poisson, rate: 15}, requests: 300}\n"
+            "constraints: {p99_ttft_ms: 300, p99_tpot_ms: 20, max_gpu_memory_gib: 130}\n"
+            "objectives: [{maximize: goodput}]\n"
+        )
+        doc = " ".join((cls.__doc__ or "").split())
+        return cls("h200-8b-real", doc, sla, records, order)
+
+    def _key(self, p: Params) -> tuple[int, int]:
+        full = {**H200_DEFAULTS, **{k: v for k, v in p.items() if v is not None}}
+        return int(full["max_num_seqs"]), int(full["max_num_batched_tokens"])
+
+    def record(self, p: Params) -> Measured:
+        """The measured launch of ``p``; a config the grid did not run (only the defaults'
+        max_num_seqs with another step budget can come up) replays as the nearest grid point
+        on a log scale, counted in ``nearest``."""
+        key = self._key(p)
+        if key in self.records:
+            return self.records[key]
+        self.nearest[0] += 1
+        grid = [k for k in self.records if self.records[k].trial != 0]
+        return self.records[
+            min(grid, key=lambda k: sum(abs(math.log(a / b)) for a, b in zip(k, key, strict=True)))
+        ]
+
+    def truth(self, p: Params) -> Truth:
+        m = self.record(p)
+        return Truth(
+            m.goodput if m.feasible else 0.0, m.level0["p99_ttft_ms"], m.level0["p99_tpot_ms"]
+        )
+
+    def points(self) -> list[dict[str, Any]]:
+        return [
+            {"max_num_seqs": k[0], "max_num_batched_tokens": k[1]}
+            for k in self.order
+            if self.records[k].trial != 0
+        ]
+
+    def grid_order(self) -> list[dict[str, Any]]:
+        """The grid study as it ran: the defaults first, then its points in trial order."""
+        return [{}, *self.points()]
+
+    def space(self) -> SearchSpace:
+        """vLLM 0.26.0 on one H200, narrowed to the grid's two dimensions."""
+        full = load_space(
+            "vllm",
+            "0.26.0",
+            device="gpu",
+            gpu_count=1,
+            compute_capability=(9, 0),
+            allow_lossy=False,
+            overrides={},
+        )
+        values = {
+            "max_num_seqs": sorted({k[0] for k in self.records if self.records[k].trial}),
+            "max_num_batched_tokens": sorted({k[1] for k in self.records if self.records[k].trial}),
+        }
+        overrides = {
+            name: ParamOverride(values=list(values[name]))
+            if name in values
+            else ParamOverride(exclude=True)
+            for name in full.names
+        }
+        return load_space(
+            "vllm",
+            "0.26.0",
+            device="gpu",
+            gpu_count=1,
+            compute_capability=(9, 0),
+            allow_lossy=False,
+            overrides=overrides,
+        )
+
+    def measure(self, p: Params, t: Truth, z: np.ndarray) -> TrialResult:
+        """The recorded first level with noisy p99 latencies (memory as measured), then the
+        recorded SLA goodput with noise."""
+        m = self.record(p)
+        ttft = m.level0["p99_ttft_ms"] * z[0]
+        tpot = m.level0["p99_tpot_ms"] * z[1]
+        margins = dict(m.margins)
+        margins["p99_ttft_ms"] = (ttft - 300.0) / 300.0
+        margins["p99_tpot_ms"] = (tpot - 20.0) / 20.0
+        ok = all(v is not None and v <= 0 for v in margins.values())
+        at_sla: dict[str, float | None] = {
+            **m.level0,
+            "p99_ttft_ms": ttft,
+            "p99_tpot_ms": tpot,
+        }
+        return _found(dict(p), 15.0, ok, at_sla, margins, max(15.0, m.goodput * z[2]))
+
+
+def _real() -> Replayable:
+    return RealSurface.load()
+
+
+SURFACES: dict[str, Callable[[], Replayable]] = {
     "h200-8b-like": h200_8b_like,
     "latency-bound": latency_bound,
     "memory-bound": memory_bound,
     "defaults-best": defaults_best,
+    "h200-8b-real": _real,
 }
 
 
@@ -442,7 +707,7 @@ def key_of(p: Params) -> str:
 class Problem:
     """One surface prepared for searching: its grid, true values and the near-best bar."""
 
-    surface: Surface
+    surface: Replayable
     points: list[dict[str, Any]]
     truths: dict[str, Truth]
     best: float
@@ -451,8 +716,8 @@ class Problem:
     target: float  # true goodput a launch needs to count as near-best
 
     @classmethod
-    def of(cls, surface: Surface, tolerance: float) -> Problem:
-        points = grid_points(surface.allow_lossy)
+    def of(cls, surface: Replayable, tolerance: float) -> Problem:
+        points = surface.points()
         truths = {key_of(p): surface.truth(p) for p in points}
         top = max(points, key=lambda p: truths[key_of(p)].goodput)
         best = truths[key_of(top)].goodput
@@ -471,6 +736,19 @@ class Problem:
         return t.feasible and t.goodput >= self.target
 
 
+@dataclass(frozen=True)
+class Run:
+    """One search run: when it first launched a near-best config, and its wasted launches."""
+
+    reached: int | None
+    launches: int  # launches until the run ended (its own stop, the budget, or near-best)
+    missed: int  # launches of configs that fail or miss the SLA at its own load
+    missed_before: int  # ... among the launches up to the first near-best (or all)
+    window: int  # launches up to the first near-best (or all)
+    recognised: bool | None = None  # the search's own best at its end is near-best (new)
+    stop: str = ""  # why the run ended (new)
+
+
 class Bench:
     """Counts launches of one search and measures each one with seeded noise."""
 
@@ -481,47 +759,34 @@ class Bench:
         self.launches = 0
         self.reached_at: int | None = None
         self.seen: dict[str, int] = {}
+        self.missed: list[bool] = []  # per launch: failed, or missed the SLA at its own load
 
     def launch(self, p: Params) -> Truth:
         self.launches += 1
         if self.reached_at is None and self.problem.near_best(p):
             self.reached_at = self.launches
-        return self.problem.truth(p)
+        t = self.problem.truth(p)
+        self.missed.append(not t.feasible)
+        return t
+
+    def stats(self) -> Run:
+        window = self.missed[: self.reached_at] if self.reached_at else self.missed
+        return Run(
+            reached=self.reached_at,
+            launches=self.launches,
+            missed=sum(self.missed),
+            missed_before=sum(window),
+            window=len(window),
+        )
 
     def measure(self, p: Params) -> TrialResult:
-        """What a real trial would report: noisy latencies at the SLA's rate, noisy goodput."""
+        """What a real trial would report, with this run's seeded noise."""
         t = self.launch(p)
-        params = dict(p)
-        if t.launch_error:
-            return TrialResult(
-                params, "failed", "rate", reason="CUDA out of memory", cause=t.launch_error
-            )
         key = key_of(p)
         n = self.seen[key] = self.seen.get(key, 0) + 1
         rng = np.random.default_rng([self.seed, zlib.crc32(key.encode()), n])
         z = np.exp(self.noise * rng.standard_normal(3))
-        d = self.problem.surface.deployment
-        # An overloaded server's p99 is huge but finite: 10x the limit stands for it.
-        ttft = min(t.ttft_ms, 10 * d.ttft_ms) * z[0]
-        tpot = min(t.tpot_ms, 10 * d.tpot_ms) * z[1]
-        margins: dict[str, float | None] = {
-            "p99_ttft_ms": (ttft - d.ttft_ms) / d.ttft_ms,
-            "p99_tpot_ms": (tpot - d.tpot_ms) / d.tpot_ms,
-        }
-        ok = all(m is not None and m <= 0 for m in margins.values())
-        at_sla = {
-            "goodput": d.rate if ok else 0.5 * d.rate,
-            "p99_ttft_ms": ttft,
-            "p99_tpot_ms": tpot,
-        }
-        levels = [Level(d.rate, ok, at_sla, margins, {}, {}, "level-0.json")]
-        if ok:
-            # The load search stops at the highest rate that met the SLA (>= the SLA's own).
-            top = max(d.rate, t.goodput * z[2])
-            levels.append(Level(top, True, {**at_sla, "goodput": top}, margins, {}, {}, ""))
-        best = len(levels) - 1 if ok else None
-        status = "complete" if ok else "stopped_early"
-        return TrialResult(params, status, "rate", tuple(levels), best, None if ok else "misses")
+        return self.problem.surface.measure(p, t, z)
 
 
 def search_space(surface: Surface) -> SearchSpace:
@@ -580,9 +845,14 @@ def grouped_tpe(budget: int, seed: int) -> optuna.samplers.BaseSampler:
     )
 
 
-def run_ours(problem: Problem, sampler: str, seed: int, budget: int, noise: float) -> Bench:
+def run_ours(
+    problem: Problem, sampler: str, seed: int, budget: int, noise: float, *, new: bool = False
+) -> Run:
+    """The real study loop on ``problem``. ``new``: with the search as ``autotuner tune`` runs
+    it now (priors, warm start, hopeless values, stopping rule), to its own end; otherwise the
+    plain loop, cut at the first near-best launch."""
     surface = problem.surface
-    space = search_space(surface)
+    space = surface.space()
     bench = Bench(problem, seed, noise)
     with tempfile.TemporaryDirectory(prefix="search-eff-") as tmp:
         study_dir = Path(tmp)
@@ -592,7 +862,13 @@ def run_ours(problem: Problem, sampler: str, seed: int, budget: int, noise: floa
             url,
             grouped_tpe(budget, seed)
             if sampler == "group"
-            else make_sampler(sampler, budget, len(surface.sla.objectives), seed),
+            else make_sampler(
+                sampler,
+                budget,
+                len(surface.sla.objectives),
+                seed,
+                startup_trials=WARM_STARTUP if new else None,
+            ),
             {"engine": f"vllm {VLLM_VERSION}", "space": space.hash()[:16]},
         )
         defaults = {k: v for k, v in space.defaults.items() if v is not None}
@@ -601,7 +877,12 @@ def run_ours(problem: Problem, sampler: str, seed: int, budget: int, noise: floa
         def run(params: Params, trial_dir: Path) -> TrialResult:
             return bench.measure(params)
 
-        runner = _UntilNearBest(
+        stops: list[str] = []  # what the loop said besides its trials: why it stopped
+        plan, stopper = None, None
+        if new:
+            plan = SearchPlan(space, surface.sla, study_dir, warm_limit=max(1, budget // 2))
+            stopper = StudyStopper(StoppingRule(patience=PATIENCE, resolution=RESOLUTION))
+        runner = (StudyRunner if new else _UntilNearBest)(
             surface.sla,
             study,
             study_dir,
@@ -611,39 +892,62 @@ def run_ours(problem: Problem, sampler: str, seed: int, budget: int, noise: floa
             run=run,
             budget=Budget(budget),
             on_crash=lambda p, cause: memory.record(p, cause),
-            say=lambda s: None,
+            say=lambda line: None if line.startswith(("trial", " ")) else stops.append(line),
+            plan=plan,
+            stopper=stopper,
         )
-        runner.bench = bench
+        if isinstance(runner, _UntilNearBest):
+            runner.bench = bench
         runner.loop()
-    return bench
+        run_stats = bench.stats()
+        if new:
+            best = best_launch(study)
+            own = TrialRecord.from_trial(best).params_or(best.params) if best else None
+            recognised = own is not None and problem.near_best(own)
+            stop = stops[-1] if stops else f"budget of {budget} launches spent"
+            run_stats = dataclasses.replace(run_stats, recognised=recognised, stop=stop)
+    return run_stats
 
 
-def run_order(problem: Problem, order: list[dict[str, Any]], budget: int) -> Bench:
+def run_order(problem: Problem, order: list[dict[str, Any]], budget: int) -> Run:
     bench = Bench(problem, 0, 0.0)
     for p in order[:budget]:
         bench.launch(p)
         if bench.reached_at is not None:
             break
-    return bench
+    return bench.stats()
 
 
-METHODS = ("ours", "ours-random", "grid", "random")
-EXTRA_METHODS = ("ours-group",)  # diagnostics, only when asked for with --methods
+METHODS = ("new", "ours", "grid", "random")
+EXTRA_METHODS = ("ours-random", "ours-group")  # diagnostics, only when asked for with --methods
+LABELS = {
+    "new": "new search (priors, warm start, hopeless, stopping)",
+    "ours": "plain TPE (the search before)",
+    "ours-random": "study loop, random sampler",
+    "grid": "grid (auto_tune order)",
+    "random": "random order",
+    "ours-group": "TPE group=True",
+}
+PATIENCE = 4  # tune.patience's default
+RESOLUTION = 0.03  # tune.capacity_resolution's default
+WARM_STARTUP = 2  # TPE's random startup trials after a warm start (priors.sampler_startup)
 
 
-def run_method(problem: Problem, method: str, seed: int, budget: int, noise: float) -> int | None:
+def run_method(problem: Problem, method: str, seed: int, budget: int, noise: float) -> Run:
+    if method == "new":
+        return run_ours(problem, "auto", seed, budget, noise, new=True)
     if method == "ours":
-        return run_ours(problem, "auto", seed, budget, noise).reached_at
+        return run_ours(problem, "auto", seed, budget, noise)
     if method == "ours-group":
-        return run_ours(problem, "group", seed, budget, noise).reached_at
+        return run_ours(problem, "group", seed, budget, noise)
     if method == "ours-random":
-        return run_ours(problem, "random", seed, budget, noise).reached_at
+        return run_ours(problem, "random", seed, budget, noise)
     if method == "grid":
-        return run_order(problem, problem.points, budget).reached_at
+        return run_order(problem, problem.surface.grid_order(), budget)
     if method == "random":
         order = list(problem.points)
         np.random.default_rng(seed).shuffle(order)  # type: ignore[arg-type]
-        return run_order(problem, order, budget).reached_at
+        return run_order(problem, order, budget)
     raise ValueError(method)
 
 
@@ -703,12 +1007,14 @@ def main(argv: list[str] | None = None) -> int:
         "settings": vars(args) | {"json": str(args.json) if args.json else None},
         "surfaces": {},
     }
-    rows: list[tuple[str, str, str, str, str]] = []
+    rows: list[list[str]] = []
+    checks: list[str] = []
     for name in args.surfaces:
         problem = Problem.of(SURFACES[name](), args.tolerance)
         s = problem.surface
         base = problem.truth({})
         n, k = len(problem.points), problem.near
+        grid_launches = len(s.grid_order())
         expect, odds = random_odds(n, k, args.budget)
         grid_truths = [problem.truth(p) for p in problem.points]
         feasible = sum(t.feasible for t in grid_truths)
@@ -722,50 +1028,106 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  best: {problem.best_config}")
         print(
-            f"  random order, exact: {expect:.1f} launches expected, "
-            f"{odds:.0%} within {args.budget}"
+            f"  the whole grid: {grid_launches} launches; random order, exact: {expect:.1f} "
+            f"launches expected, {odds:.0%} within {args.budget}"
         )
         entry: dict[str, Any] = {
             "doc": s.doc,
             "grid": n,
+            "grid_launches": grid_launches,
             "feasible": feasible,
             "out_of_memory": oom,
             "near_best": k,
             "best_goodput": problem.best,
             "best_config": problem.best_config,
             "defaults_ratio": base.goodput / problem.best if base.feasible else None,
+            "defaults_miss": not base.feasible,
             "random_expected": expect,
             "random_within_budget": odds,
             "methods": {},
         }
         for method in args.methods:
             t0 = time.monotonic()
-            counts = [
+            runs = [
                 run_method(problem, method, seed, args.budget, args.noise)
                 for seed in range(args.seeds)
             ]
+            counts = [r.reached for r in runs]
             med, p90 = nearest_rank(counts, 0.5), nearest_rank(counts, 0.9)
             reached = sum(c is not None for c in counts) / len(counts)
+            before = sum(r.missed_before for r in runs) / max(1, sum(r.window for r in runs))
+            whole = sum(r.missed for r in runs) / max(1, sum(r.launches for r in runs))
+            # The defaults are every study's first launch: what the search itself chose.
+            own = (sum(r.missed for r in runs) - len(runs) * (not base.feasible)) / max(
+                1, sum(r.launches - 1 for r in runs)
+            )
+            ends = nearest_rank([r.launches for r in runs], 0.5)
+            recognised = [r.recognised for r in runs if r.recognised is not None]
             entry["methods"][method] = {
                 "trials": counts,
                 "median": med,
                 "p90": p90,
                 "reached": reached,
+                "missed_share_before_near_best": before,
+                "runs": [dataclasses.asdict(r) for r in runs],
                 "wall_s": round(time.monotonic() - t0, 1),
             }
+            if method == "new":
+                entry["methods"][method] |= {
+                    "launches_median": ends,
+                    "missed_share": whole,
+                    "missed_share_after_defaults": own,
+                    "recognised": sum(recognised) / len(recognised) if recognised else None,
+                }
+                third = grid_launches / 3
+                ok_reach = p90 is not None and p90 <= third
+                checks.append(
+                    f"{name}: near-best by launch {_cell(med, args.budget)} (median) / "
+                    f"{_cell(p90, args.budget)} (p90), a third of the grid is {third:.1f}: "
+                    f"{'met' if ok_reach else 'NOT met'}; {whole:.0%} of its launches missed "
+                    f"the SLA at the first level ({own:.0%} after the defaults): "
+                    f"{'met' if whole <= 0.10 else 'NOT met'}"
+                )
             shown = " ".join("-" if c is None else str(c) for c in counts)
             print(f"  {method:<12} {shown}   ({time.monotonic() - t0:.0f} s)")
+            if method == "new":
+                print(f"  {'':<12} stopped at " + " ".join(str(r.launches) for r in runs))
             rows.append(
-                (name, method, _cell(med, args.budget), _cell(p90, args.budget), f"{reached:.0%}")
+                [
+                    name,
+                    method,
+                    _cell(med, args.budget),
+                    _cell(p90, args.budget),
+                    f"{reached:.0%}",
+                    f"{before:.0%}",
+                    str(ends) if method == "new" else "-",
+                    f"{whole:.0%} ({own:.0%})" if method == "new" else "-",
+                    f"{entry['methods'][method]['recognised']:.0%}" if method == "new" else "-",
+                ]
             )
         report["surfaces"][name] = entry
 
     print(
         f"\nlaunches to a near-best config (median and p90 by nearest rank over {args.seeds} "
-        f"seeds; '>{args.budget}': not reached within the budget)"
+        f"seeds; 'never': not within {args.budget} launches, or before the search stopped "
+        "itself); 'missed': share of launches "
+        "of configs that fail or miss the SLA at its own load, up to the first near-best one; "
+        "for the new search also its launches until it stopped itself and the share missed over "
+        "all of them (in brackets: not counting the defaults, every study's first launch), and "
+        "how often its own best at the end was near-best"
     )
-    header = ("surface", "method", "median", "p90", "reached")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+    header = [
+        "surface",
+        "method",
+        "median",
+        "p90",
+        "reached",
+        "missed",
+        "stopped at",
+        "missed (all)",
+        "own best near",
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print(
             "  ".join(
@@ -773,14 +1135,20 @@ def main(argv: list[str] | None = None) -> int:
                 for i, (c, w) in enumerate(zip(r, widths, strict=True))
             )
         )
+    if checks:
+        print("\ndone-when targets (issue 16):")
+        for line in checks:
+            print(f"  {line}")
+    report["checks"] = checks
     print(f"\n{time.monotonic() - started:.0f} s")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 
 def _cell(v: int | None, budget: int) -> str:
-    return f">{budget}" if v is None else str(v)
+    return "never" if v is None else str(v)
 
 
 if __name__ == "__main__":

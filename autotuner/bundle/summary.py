@@ -13,9 +13,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotuner.core.errors import AutotunerError
 from autotuner.records.manifest import DecisionRecord, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import placement
+from autotuner.search.progress import defaults_line
 from autotuner.search.study import feasible
 
 
@@ -75,6 +77,8 @@ def render(study: optuna.Study, study_dir: Path) -> str:
         "capacity: the highest load meeting the SLA, goodput at capacity (single runs of the "
         "search); latencies at the SLA's own load"
     )
+    if said := defaults_line(study, _resolution(study_dir)):
+        lines.append(f"search: {said}")
     promotion = s.promotion
     lines.append("")
     manifest = study_dir / "promoted" / "optimization_manifest.json"
@@ -96,6 +100,16 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     if any(p.node for p in placements):  # ran on Ray: where each launch went
         lines += ["", placement.render(placements)]
     return "\n".join(lines)
+
+
+def _resolution(study_dir: Path) -> float:
+    """The study's ``tune.capacity_resolution`` from its ``sla.yaml`` (3 % without one)."""
+    try:
+        from autotuner.sla.spec import load_sla
+
+        return float(getattr(load_sla(study_dir / "sla.yaml").tune, "capacity_resolution", 0.03))
+    except (AutotunerError, OSError, ValueError):
+        return 0.03
 
 
 def _bracket(r: TrialRecord) -> str:

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from autotuner.core.errors import BadInput
 from autotuner.core.options import OptionRule
+from autotuner.sla.yamlpos import KeyPath, load_located
 
 if TYPE_CHECKING:
     import optuna
@@ -49,12 +50,15 @@ if TYPE_CHECKING:
     from autotuner.core.hardware import HardwareProfile
 
 __all__ = [
+    "MEASURED",
     "Condition",
     "DeclaredOptions",
     "Dropped",
+    "Hopeless",
     "Override",
     "ParamOverride",
     "ParamSpec",
+    "Prior",
     "SearchSpace",
     "SearchSpec",
     "SpaceError",
@@ -70,6 +74,10 @@ __all__ = [
 ParamValue = bool | int | float | str | None
 ParamType = Literal["int", "float", "bool", "categorical"]
 Device = Literal["cpu", "gpu"]
+
+# Quantities the baseline's launch measures, which priors (``near``) and hopeless conditions
+# (``below``) may name; :mod:`autotuner.search.priors` computes them.
+MEASURED: frozenset[str] = frozenset({"concurrency"})
 
 
 class SpaceError(BadInput, ValueError):
@@ -237,6 +245,33 @@ class _Requirement(_Strict):
     at_most_gpus: bool = False  # value <= number of GPUs of the target
 
 
+class _Not(_Strict):
+    not_: list[ParamValue] = Field(alias="not")
+
+
+class _Prior(_Strict):
+    """Where the warm start looks first (``prior:``); see the folder's README."""
+
+    rank: int | None = Field(default=None, ge=1)  # warm-start order: 1 = most influential
+    first: list[ParamValue] = Field(default_factory=list)  # values to try first, in order
+    near: str | None = None  # ... or around a quantity the baseline measured
+    times: list[float] = Field(default_factory=list)  # ... times these factors
+
+
+class _Hopeless(_Strict):
+    """Values never worth a launch for some SLAs (``hopeless_when:``); see the README."""
+
+    values: list[ParamValue] | None = None  # the parameter's value is one of these ...
+    below: int | float | str | None = None  # ... or below a number or a measured quantity
+    times: float = 1.0  # factor on a measured ``below``
+    with_: dict[str, list[ParamValue] | _Not] = Field(default_factory=dict, alias="with")
+    device: Device | None = None  # only on this device
+    objective: Literal["throughput", "latency"] | None = None  # only for this first objective
+    unless_objective: list[str] = Field(default_factory=list)  # not when one is an objective
+    limited: list[str] = Field(default_factory=list)  # only when the SLA limits one of these
+    why: str
+
+
 class _Variant(_Strict):
     """Per-device changes to a declaration (``per_device: {cpu: {...}}``)."""
 
@@ -246,10 +281,7 @@ class _Variant(_Strict):
     step: int | float | None = None
     choices: list[ParamValue] | None = None
     fixed: ParamValue = None  # pinned on this device unless the SLA says otherwise
-
-
-class _Not(_Strict):
-    not_: list[ParamValue] = Field(alias="not")
+    prior: _Prior | None = None  # replaces the declaration's prior on this device
 
 
 class _Limits(_Strict):
@@ -279,6 +311,8 @@ class _Decl(_Strict):
     search: bool = True
     limits: _Limits | None = None
     why: str = ""
+    prior: _Prior | None = None
+    hopeless_when: list[_Hopeless] = Field(default_factory=list)
 
 
 class _File(_Strict):
@@ -308,6 +342,43 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class Prior:
+    """Where the warm start looks first for one parameter (evaluated by ``search.priors``).
+
+    ``rank`` orders the parameters (1 first); ``first`` are values to try, in order;
+    ``near`` names a quantity the baseline measured (``concurrency``) whose multiples by
+    ``times`` are tried instead when it was measured.
+    """
+
+    rank: int
+    first: tuple[ParamValue, ...] = ()
+    near: str | None = None
+    times: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Hopeless:
+    """When a value of ``param`` is not worth a launch for an SLA, and ``why``.
+
+    Every field given must hold (evaluated by ``search.priors``): the value is in ``values``
+    or below ``below`` (a number, or a measured quantity times ``times``); the other params
+    match ``with_``; the target is ``device``; the SLA's first objective is of the
+    ``objective`` kind and none of ``unless_objective``; the SLA limits one of ``limited``.
+    """
+
+    param: str
+    why: str
+    values: tuple[ParamValue, ...] | None = None
+    below: float | str | None = None
+    times: float = 1.0
+    with_: tuple[Condition, ...] = ()
+    device: Device | None = None
+    objective: str | None = None
+    unless_objective: tuple[str, ...] = ()
+    limited: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ParamSpec:
     """One tuned parameter in its effective form.
 
@@ -326,6 +397,10 @@ class ParamSpec:
     default: ParamValue = None
     when: tuple[Condition, ...] = ()
     why: str = field(default="", compare=False)
+    # Where to look first and what never to launch: search strategy, not the space itself
+    # (left out of ``hash``, so a study keeps its identity when they change).
+    prior: Prior | None = field(default=None, compare=False)
+    hopeless: tuple[Hopeless, ...] = field(default=(), compare=False)
 
     def domain(self) -> str:
         if self.choices is not None:
@@ -379,11 +454,14 @@ class SearchSpace:
     def is_active(self, p: ParamSpec, suggested: Mapping[str, ParamValue]) -> bool:
         return all(c.holds(self.value_of(c.param, suggested)) for c in p.when)
 
-    def suggest(self, trial: optuna.trial.BaseTrial) -> dict[str, ParamValue]:
-        """Ask ``trial`` for every active tuned parameter; returns only the suggested ones."""
+    def suggest(
+        self, trial: optuna.trial.BaseTrial, only: Collection[str] | None = None
+    ) -> dict[str, ParamValue]:
+        """Ask ``trial`` for every active tuned parameter (or only those in ``only``: the
+        others are left to the engine); returns only the suggested ones."""
         values: dict[str, ParamValue] = {}
         for p in self.params:
-            if not self.is_active(p, values):
+            if (only is not None and p.name not in only) or not self.is_active(p, values):
                 continue
             if p.choices is not None:
                 values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
@@ -439,7 +517,9 @@ class SearchSpace:
         payload = {
             "engine": self.engine,
             "device": self.device,
-            "params": [{k: v for k, v in asdict(p).items() if k != "why"} for p in self.params],
+            "params": [
+                {k: v for k, v in asdict(p).items() if k not in _NOT_HASHED} for p in self.params
+            ],
             "fixed": self.fixed,
         }
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=repr)
@@ -468,6 +548,8 @@ class SearchSpace:
 
 
 # --------------------------------------------------------------------------- helpers
+
+_NOT_HASHED = frozenset({"why", "prior", "hopeless"})
 
 
 def _show(v: Any) -> str:
@@ -507,19 +589,30 @@ def spaces_dir() -> Path:
 
 
 def _read(path: Path) -> _File:
+    """Parse and check one space file; problems name the file and line (``file:12: ...``)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        located = load_located(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise SpaceError([f"{path}: {e}"]) from e
+
+    def at(key: KeyPath) -> str:
+        line = located.line_of(key)
+        return f"{path}:{line}" if line is not None else str(path)
+
     try:
-        spec = _File.model_validate(raw)
+        spec = _File.model_validate(located.data)
     except ValidationError as e:
         problems = []
         for err in e.errors():
             loc = ".".join(str(x) for x in err["loc"])
-            problems.append(f"{path}: {loc}: {err['msg']}")
+            problems.append(f"{at(tuple(err['loc']))}: {loc}: {err['msg']}")
         raise SpaceError(problems) from e
-    problems = [f"{path}: {p}" for p in _check_file(spec)]
+    index = {d.name: ("params", i) for i, d in enumerate(spec.params)}
+    problems = []
+    for p in _check_file(spec):
+        name = p.split(":", 1)[0].split(".")[1] if p.startswith("params.") else ""
+        problems.append(f"{at(index.get(name, ()))}: {p}")
+    problems += [f"{at(key)}: {p}" for key, p in _check_strategy(spec)]
     if problems:
         raise SpaceError(problems)
     return spec
@@ -625,6 +718,102 @@ def _check_file(spec: _File) -> list[str]:
             problems += [f"{at}.limits: {p}" for p in _check_limits(d, d.limits)]
         seen.add(d.name)
     return problems
+
+
+_LATENCY_KINDS = ("ttft", "tpot", "itl", "e2e")
+_METRIC_RE = re.compile(r"^[a-z][a-z0-9_.]*$")
+
+
+def _check_strategy(spec: _File) -> list[tuple[KeyPath, str]]:
+    """``prior`` and ``hopeless_when`` of every parameter, each problem with its key path."""
+    decls = {d.name: d for d in spec.params}
+    problems: list[tuple[KeyPath, str]] = []
+    for i, d in enumerate(spec.params):
+        base: KeyPath = ("params", i)
+        priors: list[tuple[KeyPath, _Prior, _Decl | _Variant]] = []
+        if d.prior is not None:
+            priors.append(((*base, "prior"), d.prior, d))
+        for dev, v in d.per_device.items():
+            if v.prior is not None:
+                priors.append(((*base, "per_device", dev, "prior"), v.prior, v))
+        for key, prior, where in priors:
+            problems += [((*key, k), f"params.{d.name}: prior: {m}") for k, m in
+                         _check_prior(d, prior, where)]
+        for j, h in enumerate(d.hopeless_when):
+            key = (*base, "hopeless_when", j)
+            problems += [
+                ((*key, k), f"params.{d.name}: hopeless_when[{j}]: {m}")
+                for k, m in _check_hopeless(d, h, decls)
+            ]
+    return problems
+
+
+def _check_prior(d: _Decl, p: _Prior, where: _Decl | _Variant) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    choices = where.choices if where.choices is not None else d.choices
+    for v in p.first:
+        if not _check_type(d.type, v):
+            out.append(("first", f"{_show(v)} is not {_kind(d.type)}"))
+        elif choices is not None and not _member(v, choices):
+            out.append(("first", f"{_show(v)} is not one of the choices"))
+    if p.near is not None:
+        if p.near not in MEASURED:
+            out.append(("near", f"{p.near!r} is not a measured quantity ({', '.join(MEASURED)})"))
+        if d.type not in ("int", "float"):
+            out.append(("near", f"only numbers can be near a measured quantity, not a {d.type}"))
+        if not p.times:
+            out.append(("times", "'near' needs 'times': the factors to try, e.g. [2, 4]"))
+    elif p.times:
+        out.append(("times", "'times' multiplies 'near', which is not given"))
+    if any(t <= 0 for t in p.times):
+        out.append(("times", "factors must be > 0"))
+    if p.rank is None and (p.first or p.near):
+        out.append(("rank", "a prior needs a rank: its place in the warm start (1 = first)"))
+    if p.rank is not None and not p.first and p.near is None:
+        out.append(("rank", "a ranked prior needs 'first' values or 'near' to try"))
+    return out
+
+
+def _check_hopeless(d: _Decl, h: _Hopeless, decls: Mapping[str, _Decl]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if not h.why.strip():
+        out.append(("why", "say why these values are hopeless"))
+    if (h.values is None) == (h.below is None):
+        out.append(("values", "give either 'values' or 'below': which values are hopeless"))
+    for v in h.values or []:
+        if not _check_type(d.type, v):
+            out.append(("values", f"{_show(v)} is not {_kind(d.type)}"))
+    below = h.below
+    if below is not None:
+        if d.type not in ("int", "float"):
+            out.append(("below", f"only numbers can be below a bound, not a {d.type}"))
+        if isinstance(below, bool) or (isinstance(below, str) and below not in MEASURED):
+            known = ", ".join(sorted(MEASURED))
+            out.append(("below", f"{_show(below)} is neither a number nor measured ({known})"))
+    if "times" in h.model_fields_set and not isinstance(below, str):
+        out.append(("times", "'times' multiplies a measured 'below' (e.g. below: concurrency)"))
+    if h.times <= 0:
+        out.append(("times", "must be > 0"))
+    for other, rule in h.with_.items():
+        if other not in decls or other == d.name:
+            what = "the parameter itself" if other == d.name else "not declared"
+            out.append(("with", f"{other!r} is {what}"))
+            continue
+        for v in rule.not_ if isinstance(rule, _Not) else rule:
+            if v is not None and not _check_type(decls[other].type, v):
+                out.append(("with", f"{other}: {_show(v)} is not {_kind(decls[other].type)}"))
+    for m in h.unless_objective:
+        if not _METRIC_RE.match(m):
+            out.append(("unless_objective", f"{m!r} is not a metric name"))
+    for m in h.limited:
+        if m not in _LATENCY_KINDS and not _LATENCY_METRIC_RE.match(m):
+            out.append(
+                ("limited", f"{m!r}: name a latency ({', '.join(_LATENCY_KINDS)}) or its metric")
+            )
+    return out
+
+
+_LATENCY_METRIC_RE = re.compile(r"^(?:mean|p\d+(?:\.\d+)?)_(?:ttft|tpot|itl|e2e)_ms$")
 
 
 def _check_limits(d: _Decl, limits: _Limits) -> list[str]:
@@ -751,7 +940,7 @@ def _merged(d: _Decl, device: Device) -> tuple[_Decl, ParamValue, bool]:
         return d, None, False
     update: dict[str, Any] = {
         k: getattr(v, k)
-        for k in ("low", "high", "log", "step", "choices")
+        for k in ("low", "high", "log", "step", "choices", "prior")
         if k in v.model_fields_set
     }
     return d.model_copy(update=update), v.fixed, "fixed" in v.model_fields_set
@@ -943,6 +1132,8 @@ class _Resolver:
             choices=tuple(choices) if choices is not None else None,
             default=d.default,
             why=" ".join(d.why.split()),
+            prior=_prior(d.prior),
+            hopeless=tuple(_hopeless(d.name, h) for h in d.hopeless_when),
         )
 
     def _place(self, d: _Decl, spec: ParamSpec) -> None:
@@ -982,8 +1173,37 @@ class _Resolver:
                 default=spec.default,
                 when=tuple(dynamic),
                 why=spec.why,
+                prior=spec.prior,
+                hopeless=spec.hopeless,
             )
         )
+
+
+def _condition(parent: str, rule: list[ParamValue] | _Not) -> Condition:
+    if isinstance(rule, _Not):
+        return Condition(parent, tuple(rule.not_), negate=True)
+    return Condition(parent, tuple(rule))
+
+
+def _prior(p: _Prior | None) -> Prior | None:
+    if p is None or p.rank is None:
+        return None
+    return Prior(p.rank, tuple(p.first), p.near, tuple(p.times))
+
+
+def _hopeless(param: str, h: _Hopeless) -> Hopeless:
+    return Hopeless(
+        param=param,
+        why=" ".join(h.why.split()),
+        values=tuple(h.values) if h.values is not None else None,
+        below=h.below,
+        times=h.times,
+        with_=tuple(_condition(k, r) for k, r in h.with_.items()),
+        device=h.device,
+        objective=h.objective,
+        unless_objective=tuple(h.unless_objective),
+        limited=tuple(h.limited),
+    )
 
 
 def load_space(

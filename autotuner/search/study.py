@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -33,6 +33,10 @@ from autotuner.search.space import ParamValue as GridValue
 from autotuner.search.storage import create_or_load
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import Sla
+
+if TYPE_CHECKING:  # both import this module
+    from autotuner.search.priors import SearchPlan
+    from autotuner.search.progress import StudyStopper
 
 Say = Callable[[str], None]
 
@@ -136,10 +140,17 @@ def default_budget(sla: Sla, grid: Grid | None) -> int:
 
 
 def make_sampler(
-    kind: str, budget: int, n_objectives: int, seed: int, grid: Grid | None = None
+    kind: str,
+    budget: int,
+    n_objectives: int,
+    seed: int,
+    grid: Grid | None = None,
+    startup_trials: int | None = None,
 ) -> optuna.samplers.BaseSampler:
     """``auto``: TPE (multivariate) for small budgets, NSGA-II from 100 trials up.
 
+    ``startup_trials``: finished trials before TPE models instead of sampling at random (None:
+    a quarter of the budget, 2 to 10); a warm start's trials are better first observations.
     ``grid``: every combination of ``grid``'s values (vLLM auto_tune style), needs ``grid``.
     Optuna's GP sampler would suit small budgets well but needs PyTorch, which the tuner
     itself must not depend on.
@@ -163,7 +174,9 @@ def make_sampler(
         multivariate=True,
         group=True,
         constant_liar=True,
-        n_startup_trials=max(2, min(10, budget // 4)),
+        n_startup_trials=(
+            startup_trials if startup_trials is not None else max(2, min(10, budget // 4))
+        ),
     )
 
 
@@ -342,6 +355,8 @@ class StudyRunner:
         on_crash: Callable[[dict[str, ParamValue], str], None] = lambda p, c: None,
         say: Say = print,
         executor: Executor | None = None,
+        plan: SearchPlan | None = None,
+        stopper: StudyStopper | None = None,
     ) -> None:
         self.sla = sla
         self.study = study
@@ -359,6 +374,10 @@ class StudyRunner:
         self.say = say
         self.started = time.monotonic()
         self.launch_times: list[float] = []
+        # Warm start and hopeless values (search.priors), stopping rule (search.progress):
+        # None keeps the plain loop (grid studies, tests of the bookkeeping).
+        self.plan = plan
+        self.stopper = stopper
 
     def spent(self) -> int:
         return sum(counted(t) for t in self.study.get_trials(deepcopy=False))
@@ -390,7 +409,24 @@ class StudyRunner:
                 f"stopping: {skips} suggestions in a row were pruned or repeats "
                 "(the search space is exhausted or too constrained)"
             )
+        if self.stopper is not None and self._warm() is None:  # the warm start runs whole
+            decision = self.stopper.check(self.study)
+            if decision.stop:
+                return decision.reason
         return None
+
+    def _warm(self) -> dict[str, ParamValue] | None:
+        """The next warm-start candidate's tuned values, once the baseline has started and no
+        re-queued config waits (an asked trial takes the oldest waiting one)."""
+        if self.plan is None:
+            return None
+        trials = self.study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return None
+        started = baseline_done(self.study) or any(
+            t.state == TrialState.RUNNING and TrialRecord.from_trial(t).baseline for t in trials
+        )
+        return self.plan.next_warm(self.study, self.fixed) if started else None
 
     def loop(self) -> None:
         """Keep the executor busy (up to its capacity) until the budget is spent.
@@ -437,12 +473,20 @@ class StudyRunner:
 
     def prepare(self) -> _Pending | None:
         """Ask one trial; settle it at once (reused, pruned) or return it to launch."""
+        warm = self._warm()
+        if warm is not None:  # asked next; its values come back as the trial's suggestions
+            self.study.enqueue_trial(warm)
         trial = self.study.ask()
         baseline = not baseline_done(self.study) and not self._baseline_running(trial)
         TrialRecord(role="baseline" if baseline else "candidate", owner=current_owner()).save(
             trial.set_user_attr
         )
-        suggested: dict[str, ParamValue] = {} if baseline else self.suggest(trial)
+        suggested: dict[str, ParamValue] = {}
+        if not baseline:
+            if warm is not None and self.plan is not None:
+                suggested = dict(self.plan.suggest_warm(trial, warm))
+            else:
+                suggested = self.suggest(trial)
         params = {**self.fixed, **suggested}
         key = config_key(params)
         TrialRecord(config_key=key, params_full=params).save(trial.set_user_attr)
@@ -452,6 +496,8 @@ class StudyRunner:
             return None
         if not baseline:
             reason = self.prune(params)
+            if not reason and self.plan is not None:
+                reason = self.plan.hopeless(self.study, suggested)
             if reason:
                 TrialRecord(reason=reason).save(trial.set_user_attr)
                 self.study.tell(trial, state=TrialState.PRUNED)
@@ -459,6 +505,8 @@ class StudyRunner:
                 return None
         n_done = self.spent() + 1
         role = "baseline (engine defaults)" if baseline else "candidate"
+        if warm is not None:
+            role += ", warm start"
         tuned = {k: v for k, v in params.items() if k not in self.fixed} or "engine defaults"
         where = "" if self.executor.name == "local" else f" [{self.executor.name}]"
         self.say(f"trial {trial.number} ({n_done}/{self.budget.trials}, {role}){where}: {tuned}")
@@ -495,6 +543,8 @@ class StudyRunner:
         self.launch_times.append(time.monotonic() - pending.started)
         rel = str((pending.trial_dir / "trial.json").relative_to(self.dir))
         state = tell_result(self.study, pending.trial, result, self.sla, rel)
+        if pending.baseline and self.plan is not None:
+            self.plan.observe_baseline(result)
         if result.status == "failed":
             self.on_crash(pending.params, result.cause or "other")
             self.say(

@@ -32,6 +32,8 @@ from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
 from autotuner.search import rerun, rules
 from autotuner.search.lock import study_lock
+from autotuner.search.priors import sampler_startup, strategy_for
+from autotuner.search.progress import defaults_line
 from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
 from autotuner.search.space import ParamValue as SpaceValue
 from autotuner.search.study import (
@@ -217,7 +219,12 @@ def _tune(
             f"{grid_budget(grid) - 1} points after the baseline; budget {budget.trials} launches"
         )
     sampler = make_sampler(
-        sla.tune.sampler, budget.trials, len(sla.objectives), sla.tune.seed, grid
+        sla.tune.sampler,
+        budget.trials,
+        len(sla.objectives),
+        sla.tune.seed,
+        grid,
+        startup_trials=sampler_startup(sla),
     )
     identity = _identity(sla, engine, space, model_dir, hw, dims)
     study = open_study(sla, url, sampler, identity)
@@ -282,6 +289,9 @@ def _tune(
         remote = RayExecutor(
             sla, python=python, model_dir=model_dir, settings=settings, address=address, say=_say
         )
+    plan, stopper = strategy_for(sla, space, study_dir, budget.trials)
+    for note in plan.describe() if plan is not None else []:
+        _say(f"  {note}")
     runner = StudyRunner(
         sla,
         study,
@@ -294,6 +304,8 @@ def _tune(
         on_crash=crashed,
         say=_say,
         executor=remote,
+        plan=plan,
+        stopper=stopper,
     )
     started = time.monotonic()
     try:
@@ -306,6 +318,8 @@ def _tune(
             decided = rerun.recorded_decision(study, study_dir)
             if decided is not None:
                 return _reprint(decided, study)
+        if stopper is not None and (said := defaults_line(study, stopper.rule.resolution)):
+            _say(said)
 
         def confirm_run(
             params: Mapping[str, ParamValue], run_dir: Path, claimed: float

@@ -714,6 +714,9 @@ class TuneSpec(_Strict):
     rate_step: float = Field(default=1.5, gt=1, le=4)  # load factor between levels
     # A launch's capacity search stops once its bracket is this narrow (relative).
     capacity_resolution: float = Field(default=0.03, gt=0, lt=0.5)
+    # Stop the search once the last `patience` launches raised the best capacity by less than
+    # capacity_resolution (search.stopping); null: spend the whole budget. Grids run whole.
+    patience: int | None = Field(default=4, ge=1, le=1000)
     # Per-level confidence of a percentile verdict (meets / misses / undecided).
     confidence: float = Field(default=0.95, ge=0.5, le=0.999)
     # Levels grow to the requests their percentile needs, up to this many.

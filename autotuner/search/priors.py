@@ -1,0 +1,422 @@
+"""Priors and hopeless values: where a study looks first, and what it never launches.
+
+The search-space file gives each parameter a ``prior`` (where to look first) and
+``hopeless_when`` conditions (values not worth a launch for some SLAs, each with its ``why``);
+:mod:`autotuner.search.space` resolves them into :class:`~autotuner.search.space.Prior` and
+:class:`~autotuner.search.space.Hopeless`. This module evaluates them, knowing nothing of any
+engine: what a condition means is the file's business, how it is decided is this module's.
+
+* :class:`Situation`: what conditions are decided against -- the target device, the SLA's
+  objectives and limits, and what the baseline (engine defaults) measured.
+* :func:`measured_from`: the quantities a baseline launch measured. ``concurrency`` is Little's
+  law: the requests in flight at once at the SLA's own load, ``served rate x (mean E2E - mean
+  TTFT)``. The served rate (not the offered one) and the time after the first token (not the
+  whole E2E, whose TTFT part includes waiting for a slot) keep it a lower bound on the slots
+  the load needs, also when the defaults were overloaded. A closed-loop load *is* a
+  concurrency.
+* :func:`hopeless_reason`: why a candidate's suggested values are hopeless, or None.
+* :class:`SearchPlan`: what the study loop asks: the next warm-start candidate (the most
+  influential knobs one at a time around their priors, from the best config so far; then the
+  sampler takes over), the hopeless check, and the baseline's measurements (kept when the
+  baseline finishes, read back from its ``trial.json`` on resume).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotuner.core.types import ParamValue as Value
+from autotuner.records.trial import TrialRecord
+from autotuner.search.progress import StudyStopper, incumbent, is_candidate_from_sampler
+from autotuner.search.space import Hopeless, ParamSpec, ParamValue, SearchSpace
+from autotuner.search.stopping import StoppingRule
+from autotuner.search.study import config_key, counted
+from autotuner.search.trial import TrialResult
+
+if TYPE_CHECKING:
+    from autotuner.sla.spec import Sla
+
+__all__ = [
+    "THROUGHPUT_METRICS",
+    "SearchPlan",
+    "Situation",
+    "hopeless_reason",
+    "measured_from",
+    "sampler_startup",
+    "snap",
+    "strategy_for",
+    "warm_candidates",
+]
+
+# A first objective that maximises one of these is a throughput (capacity) objective.
+THROUGHPUT_METRICS = frozenset(
+    {"goodput", "request_rate", "output_tokens_per_s", "total_tokens_per_s", "capacity"}
+)
+_LATENCY_RE = re.compile(r"^(?:mean|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2e)_ms$")
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What hopeless conditions and priors are decided against."""
+
+    device: str
+    objectives: tuple[tuple[str, str], ...] = ()  # (metric, "maximize" | "minimize")
+    limited: frozenset[str] = frozenset()  # constrained metrics and their latency kinds
+    measured: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, sla: Sla, device: str, measured: Mapping[str, float] | None = None) -> Situation:
+        limited: set[str] = set()
+        for c in sla.constraints:
+            limited.add(c.metric)
+            if (m := _LATENCY_RE.match(c.metric)) is not None:
+                limited.add(m[1])
+        return cls(
+            device=device,
+            objectives=tuple((o.metric, o.direction) for o in sla.objectives),
+            limited=frozenset(limited),
+            measured=dict(measured or {}),
+        )
+
+    @property
+    def objective_kind(self) -> str | None:
+        """``throughput`` (first objective maximises a rate), ``latency`` (it minimises a
+        latency), else None."""
+        if not self.objectives:
+            return None
+        metric, direction = self.objectives[0]
+        if direction == "maximize" and metric in THROUGHPUT_METRICS:
+            return "throughput"
+        if direction == "minimize" and _LATENCY_RE.match(metric):
+            return "latency"
+        return None
+
+
+def measured_from(result: TrialResult) -> dict[str, float]:
+    """What a baseline launch measured for priors and conditions (see the module docstring);
+    empty when it measured nothing usable (failed, no requests, no latencies)."""
+    if not result.levels:
+        return {}
+    level = result.levels[0]
+    if result.load_kind == "concurrency":
+        return {"concurrency": float(level.load)}
+    rate = level.metrics.get("request_rate")
+    e2e = level.metrics.get("mean_e2e_ms")
+    ttft = level.metrics.get("mean_ttft_ms")
+    if rate is None or e2e is None or ttft is None:
+        return {}
+    busy_s = (e2e - ttft) / 1000
+    if not (math.isfinite(rate) and math.isfinite(busy_s)) or rate <= 0 or busy_s <= 0:
+        return {}
+    return {"concurrency": rate * busy_s}
+
+
+# --------------------------------------------------------------------------- hopeless
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v)
+
+
+def _bound(rule: Hopeless, s: Situation) -> tuple[float, str] | None:
+    """``rule.below`` as a number and how to say it; None when not measured (yet)."""
+    if isinstance(rule.below, str):
+        m = s.measured.get(rule.below)
+        if m is None:
+            return None
+        factor = f"{rule.times:g} x " if rule.times != 1 else ""
+        return rule.times * m, f"below {factor}the measured {rule.below} {m:.1f}"
+    if rule.below is None:
+        return None
+    return float(rule.below), f"below {rule.below:g}"
+
+
+def applies(
+    rule: Hopeless, value: ParamValue, value_of: Callable[[str], ParamValue], s: Situation
+) -> str | None:
+    """How ``rule`` holds for ``value`` (a short phrase), or None when it does not."""
+    if rule.device is not None and rule.device != s.device:
+        return None
+    if rule.objective is not None and s.objective_kind != rule.objective:
+        return None
+    if any(metric == m for metric, _ in s.objectives for m in rule.unless_objective):
+        return None
+    if rule.limited and not set(rule.limited) & s.limited:
+        return None
+    if not all(c.holds(value_of(c.param)) for c in rule.with_):
+        return None
+    parts: list[str] = []
+    if rule.values is not None and not any(_same(value, v) for v in rule.values):
+        return None
+    if rule.below is not None:
+        x, bound = _number(value), _bound(rule, s)
+        if x is None or bound is None or not x < bound[0]:
+            return None
+        parts.append(bound[1])
+    return ", ".join(parts + _conditions(rule))
+
+
+def _conditions(rule: Hopeless) -> list[str]:
+    """The rule's conditions besides the value itself, in words."""
+    parts: list[str] = []
+    if rule.device is not None:
+        parts.append(f"on {rule.device}")
+    if rule.objective is not None:
+        parts.append(f"for a {rule.objective} objective")
+    if rule.unless_objective:
+        parts.append(f"unless {' or '.join(rule.unless_objective)} is an objective")
+    if rule.with_:
+        parts.append("with " + " and ".join(str(c) for c in rule.with_))
+    if rule.limited:
+        parts.append(f"under a {'/'.join(rule.limited)} limit")
+    return parts
+
+
+def hopeless_reason(
+    space: SearchSpace, suggested: Mapping[str, ParamValue], s: Situation
+) -> str | None:
+    """Why a candidate is hopeless (``hopeless: name=value (how): why``), or None.
+
+    Only suggested values are judged: what the SLA pins is its own decision.
+    """
+    reasons: list[str] = []
+    for p in space.params:
+        if p.name not in suggested:
+            continue
+        value = suggested[p.name]
+        for rule in p.hopeless:
+            how = applies(rule, value, lambda n: space.value_of(n, suggested), s)
+            if how is not None:
+                reasons.append(f"hopeless: {p.name}={_show(value)} ({how}): {rule.why}")
+                break
+    return "; ".join(reasons) if reasons else None
+
+
+# --------------------------------------------------------------------------- warm start
+
+
+def snap(p: ParamSpec, value: float | ParamValue) -> ParamValue:
+    """``value`` moved into ``p``'s domain: the nearest choice (on a log scale for positive
+    numbers), or clipped to the range and its step; None when it has no place there."""
+    if p.choices is not None:
+        if any(_same(value, c) for c in p.choices):
+            return value
+        target = _number(value)
+        numeric = [(c, n) for c in p.choices if (n := _number(c)) is not None]
+        if target is None or not numeric:
+            return None
+        t = target
+        log = t > 0 and all(n > 0 for _, n in numeric)
+
+        def distance(n: float) -> float:
+            return abs(math.log(n / t)) if log else abs(n - t)
+
+        return min(numeric, key=lambda cn: (distance(cn[1]), cn[1]))[0]
+    number = _number(value)
+    if number is None or p.low is None or p.high is None:
+        return None
+    x = min(max(number, float(p.low)), float(p.high))
+    if p.step:
+        x = float(p.low) + round((x - float(p.low)) / float(p.step)) * float(p.step)
+        x = min(x, float(p.high))
+    if p.type == "int":
+        return round(x)
+    return round(x, 6)
+
+
+def _rank(p: ParamSpec) -> int:
+    return p.prior.rank if p.prior is not None else 0
+
+
+def _prior_values(p: ParamSpec, s: Situation) -> list[ParamValue]:
+    prior = p.prior
+    if prior is None:
+        return []
+    raw: list[Any] = list(prior.first)
+    measured = s.measured.get(prior.near) if prior.near else None
+    if measured is not None:
+        raw = [measured * t for t in prior.times]
+    out: list[ParamValue] = []
+    for v in raw:
+        snapped = snap(p, v)
+        if snapped is not None and not any(_same(snapped, o) for o in out):
+            out.append(snapped)
+    return out
+
+
+def _active(space: SearchSpace, values: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+    """``values`` without the parameters their own values switch off (file order)."""
+    kept: dict[str, ParamValue] = {}
+    for p in space.params:
+        if p.name in values and space.is_active(p, kept):
+            kept[p.name] = values[p.name]
+    return kept
+
+
+def warm_candidates(
+    space: SearchSpace, incumbent: Mapping[str, ParamValue], s: Situation
+) -> Iterator[tuple[str, ParamValue, dict[str, ParamValue]]]:
+    """The warm start around ``incumbent`` (the tuned values of the best config so far):
+    ranked parameters in rank order (then file order), each prior value alone on top of the
+    incumbent, as ``(name, value, candidate)``. Values equal to the incumbent's, or switched
+    off by it, are skipped."""
+    ranked = sorted((p for p in space.params if p.prior is not None), key=_rank)
+    for p in ranked:
+        for v in _prior_values(p, s):
+            if p.name in incumbent and _same(incumbent[p.name], v):
+                continue
+            cand = _active(space, {**incumbent, p.name: v})
+            if p.name in cand:
+                yield p.name, v, cand
+
+
+@dataclass
+class SearchPlan:
+    """The study loop's view of priors, hopeless values and the warm start.
+
+    ``warm_limit``: the most warm-start launches (the sampler gets the rest of the budget).
+    The warm start ends for good once the sampler has been asked for a candidate.
+    """
+
+    space: SearchSpace
+    sla: Sla
+    study_dir: Path | None = None
+    warm_limit: int = 6
+    measured: dict[str, float] | None = None  # None: not looked for yet
+
+    def describe(self) -> list[str]:
+        """What the warm start tries and which values are hopeless, for the tune's log."""
+        lines: list[str] = []
+        ranked = sorted((p for p in self.space.params if p.prior), key=lambda p: _rank(p))
+        for p in ranked:
+            assert p.prior is not None
+            first = ", ".join(_show(v) for v in p.prior.first)
+            near = ""
+            if p.prior.near:
+                factors = ", ".join(f"x{t:g}" for t in p.prior.times)
+                near = f"measured {p.prior.near} {factors}" + ("; else " if first else "")
+            lines.append(f"warm start {p.prior.rank}: {p.name} = {near}{first}")
+        for p in self.space.params:
+            for rule in p.hopeless:
+                what = (
+                    f"= {', '.join(_show(v) for v in rule.values)}"
+                    if rule.values is not None
+                    else f"< {'' if rule.times == 1 else f'{rule.times:g} x '}{rule.below}"
+                )
+                when = ", ".join(_conditions(rule))
+                lines.append(f"hopeless {p.name} {what}{f' ({when})' if when else ''}: {rule.why}")
+        return lines
+
+    def situation(self, study: optuna.Study) -> Situation:
+        if self.measured is None:
+            self.measured = self._read_baseline(study)
+        return Situation.of(self.sla, self.space.device, self.measured)
+
+    def observe_baseline(self, result: TrialResult) -> None:
+        """The baseline finished: keep what it measured."""
+        self.measured = measured_from(result)
+
+    def _read_baseline(self, study: optuna.Study) -> dict[str, float] | None:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            r = TrialRecord.from_trial(t)
+            if not r.baseline or r.interrupted or not r.result_file or self.study_dir is None:
+                continue
+            path = self.study_dir / r.result_file
+            if path.exists():
+                return measured_from(TrialResult.read(path))
+        return None  # looked for again next time: the baseline may still be running
+
+    def hopeless(self, study: optuna.Study, suggested: Mapping[str, Value]) -> str | None:
+        return hopeless_reason(self.space, _scalars(suggested), self.situation(study))
+
+    def next_warm(self, study: optuna.Study, fixed: Mapping[str, Value]) -> dict[str, Value] | None:
+        """The next warm-start candidate's tuned values, or None when the warm start is over
+        (all tried, the limit reached, or the sampler already took over)."""
+        trials = study.get_trials(deepcopy=False)
+        if any(is_candidate_from_sampler(t) for t in trials):
+            return None
+        warm_launches = sum(
+            1
+            for t in trials
+            if TrialRecord.from_trial(t).role == "candidate"
+            and (counted(t) or t.state == TrialState.RUNNING)
+        )
+        if warm_launches >= self.warm_limit:
+            return None
+        tried = {r.config_key for t in trials if (r := TrialRecord.from_trial(t)).config_key}
+        # One pass: a value a warm-start trial ran (alone or carried along) is not tried again.
+        done = {(k, repr(v)) for t in trials if _enqueued(t) for k, v in t.params.items()}
+        best = incumbent(study)
+        around = dict(best.params) if best is not None else {}
+        for name, value, cand in warm_candidates(self.space, around, self.situation(study)):
+            if (name, repr(value)) not in done and config_key({**fixed, **cand}) not in tried:
+                return dict(cand)
+        return None
+
+    def suggest_warm(self, trial: optuna.Trial, values: Mapping[str, Value]) -> dict[str, Value]:
+        """Suggest exactly ``values`` (enqueued for ``trial``): Optuna records them as the
+        trial's params; every other parameter is left to the engine."""
+        return dict(self.space.suggest(trial, only=set(values)))
+
+
+def _enqueued(t: optuna.trial.FrozenTrial) -> bool:
+    """A warm-start candidate (enqueued, not re-queued after an interruption)."""
+    r = TrialRecord.from_trial(t)
+    return r.role == "candidate" and r.requeued_from is None and "fixed_params" in t.system_attrs
+
+
+def _scalars(values: Mapping[str, Value]) -> dict[str, ParamValue]:
+    """Tuned values are scalars (structured options are only ever fixed)."""
+    return {k: v for k, v in values.items() if not isinstance(v, dict)}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def sampler_startup(sla: Sla) -> int | None:
+    """TPE's random trials before it models: with a warm start (any sampler but ``grid``),
+    the baseline and the warm start's launches are its first observations, so it models
+    from the second finished trial on; None keeps ``make_sampler``'s default."""
+    return None if sla.tune.sampler == "grid" else 2
+
+
+def strategy_for(
+    sla: Sla, space: SearchSpace, study_dir: Path, budget_trials: int
+) -> tuple[SearchPlan | None, StudyStopper | None]:
+    """The warm start, hopeless pruning and stopping rule of ``autotuner tune``.
+
+    A grid study gets none of them: it measures every point it lists, by design. The warm
+    start takes at most half the budget; the rule stops at ``tune.patience`` launches without
+    a gain of ``tune.capacity_resolution`` (no rule when patience is null).
+    """
+    if sla.tune.sampler == "grid":
+        return None, None
+    plan = SearchPlan(space, sla, study_dir, warm_limit=max(1, budget_trials // 2))
+    patience = getattr(sla.tune, "patience", 4)
+    resolution = float(getattr(sla.tune, "capacity_resolution", 0.03))
+    if patience is None:
+        return plan, None
+    return plan, StudyStopper(StoppingRule(patience=patience, resolution=resolution))
