@@ -3,7 +3,8 @@ kill -9 in the middle of a trial, resumed by running the same command again, the
 and promoted. Checks the study (nothing finished is repeated, nothing lost), the processes
 (no orphan engine), the capacity of every launch (within the resolution, or the budget that
 stopped it is named), and the bundle (every artifact there, and the manifest's numbers are
-the ones the trials measured).
+the ones the trials measured). Run once more, the finished study reprints its decision and
+launches nothing.
 """
 
 from __future__ import annotations
@@ -176,3 +177,12 @@ def test_tune_survives_kill_9_resumes_and_promotes(
     # 4. The report reads it all back.
     rep = run_cli(["report", str(study_dir)], cli_env, timeout_s=60)
     assert rep.returncode == 0 and "promoted:" in rep.stdout and "interrupted" in rep.stdout
+
+    # 5. Run again: the study is finished, so its decision is reprinted and nothing launched.
+    launches = sum(p.read_text().count("# autotuner launch") for p in study_dir.rglob("engine.log"))
+    again = run_cli(["tune", str(sla), "--trials-dir", str(trials_dir)], cli_env, timeout_s=300)
+    assert again.returncode == r.returncode, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "is finished" in again.stdout and f"bundle: {bundle}" in again.stdout
+    after = sum(p.read_text().count("# autotuner launch") for p in study_dir.rglob("engine.log"))
+    assert after == launches
+    assert json.loads((bundle / "optimization_manifest.json").read_text()) == manifest
