@@ -237,3 +237,18 @@ def test_a_confirmation_replicate_searches_around_its_claim_not_below_the_sla_lo
     fake.plans.clear()
     low = run(tmp_path, text, SearchSettings(max_levels=2, around=1.0))
     assert low.levels[0].load >= 2.0
+
+
+def test_a_closed_loop_workload_searches_whole_concurrencies(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    text = sla_text("p90_ttft_ms: 150", requests=60).replace(
+        "{process: poisson, rate: 2}", "{process: concurrency, concurrency: 2}"
+    )
+    result = run(tmp_path, text)
+    cap = result.capacity
+    assert cap is not None and cap.unit == "concurrent requests"
+    assert all(float(lv.load).is_integer() for lv in result.levels)
+    assert [p.arrival.concurrency for p in fake.plans][:3] == [2, 3, 5]
+    # Whole requests: the search ends when no concurrency lies strictly inside the bracket.
+    assert cap.high is not None and cap.high - cap.low <= 1 or cap.stopped_by == "budget"
