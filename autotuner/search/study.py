@@ -244,6 +244,15 @@ def fail_stale(study: optuna.Study, say: Say) -> list[int]:
     return [t.number for t in stale]
 
 
+def _requeued_values(trial: optuna.Trial) -> dict[str, ParamValue] | None:
+    """The values an interrupted trial ran with, when ``trial`` is its re-queued copy."""
+    if TrialRecord.from_trial(trial).requeued_from is None:
+        return None
+    # Optuna keeps enqueued values in a system attribute that Trial no longer exposes.
+    fixed = trial.storage.get_trial_system_attrs(trial._trial_id).get("fixed_params")
+    return dict(fixed) if isinstance(fixed, dict) else None
+
+
 def counted(t: FrozenTrial) -> bool:
     """Trials that spent the budget: a finished launch, or a launch that crashed."""
     if t.state == TrialState.COMPLETE:
@@ -485,6 +494,10 @@ class StudyRunner:
         if not baseline:
             if warm is not None and self.plan is not None:
                 suggested = dict(self.plan.suggest_warm(trial, warm))
+            elif self.plan is not None and (again := _requeued_values(trial)) is not None:
+                # An interrupted config runs again as it was: a warm-start trial's untouched
+                # parameters stay with the engine instead of being sampled now.
+                suggested = dict(self.plan.suggest_warm(trial, again))
             else:
                 suggested = self.suggest(trial)
         params = {**self.fixed, **suggested}

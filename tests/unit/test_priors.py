@@ -20,6 +20,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.bundle.summary import render
+from autotuner.search import study as study_module
 from autotuner.search.priors import (
     SearchPlan,
     Situation,
@@ -38,7 +39,14 @@ from autotuner.search.progress import (
 )
 from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space
 from autotuner.search.stopping import StoppingRule
-from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
+from autotuner.search.study import (
+    Budget,
+    StudyRunner,
+    fail_stale,
+    make_sampler,
+    open_study,
+    storage_url,
+)
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import Sla, TuneSpec, parse_sla
 
@@ -511,3 +519,19 @@ def test_the_capacity_accessor_reads_a_recorded_capacity_in_any_shape() -> None:
     assert _recorded_capacity(SimpleNamespace(capacity={"value": 3.0})) == 3.0  # type: ignore[arg-type]
     assert _recorded_capacity(SimpleNamespace(capacity=None)) is None  # type: ignore[arg-type]
     assert _recorded_capacity(SimpleNamespace()) is None  # type: ignore[arg-type]
+
+
+def test_an_interrupted_warm_start_trial_runs_again_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = Loop(tmp_path, budget=1)
+    loop.runner(loop.study(), stop=False).loop()  # the baseline
+    loop.budget = 2
+    pending = loop.runner(loop.study(), stop=False).prepare()  # asked, then the tuner "dies"
+    assert pending is not None and pending.params == {"max_num_seqs": 64}
+    monkeypatch.setattr(study_module, "owner_state", lambda owner: "gone")
+    study = loop.study()
+    assert fail_stale(study, loop.said.append) == [pending.trial.number]
+    loop.runner(study, stop=False).loop()
+    # Re-queued with exactly its values: the parameters it left to the engine stay there.
+    assert loop.launched == [{}, {"max_num_seqs": 64}]

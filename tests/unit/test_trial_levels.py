@@ -251,4 +251,4 @@ def test_a_closed_loop_workload_searches_whole_concurrencies(
     assert all(float(lv.load).is_integer() for lv in result.levels)
     assert [p.arrival.concurrency for p in fake.plans][:3] == [2, 3, 5]
     # Whole requests: the search ends when no concurrency lies strictly inside the bracket.
-    assert cap.high is not None and cap.high - cap.low <= 1 or cap.stopped_by == "budget"
+    assert (cap.high is not None and cap.high - cap.low <= 1) or cap.stopped_by == "budget"
