@@ -1,7 +1,7 @@
 """The `autotuner` command line: argument parsing and dispatch.
 
 Each command's handler lives in its own module of this package (bench, tune, report, check,
-compare, engine, model, daemon) and runs inside the one error wrapper of
+doctor, compare, engine, model, daemon) and runs inside the one error wrapper of
 :mod:`autotuner.cli.errors`, which turns what escapes it into an exit code
 (:data:`autotuner.core.errors.EXIT_CODES`).
 """
@@ -90,6 +90,16 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate SLA files without running anything")
     c.add_argument("files", nargs="+")
+
+    dr = sub.add_parser(
+        "doctor",
+        help="check GPUs, driver, engine environment and the SLA's features before a launch "
+        "(exit 0 ok, 1 warnings, 2 a launch would fail)",
+    )
+    dr.add_argument("sla", nargs="?", help="SLA file (YAML); without it: engine environments")
+    dr.add_argument("--engine", help="without an SLA: this registered engine environment only")
+    dr.add_argument("--trials-dir", default="trials", help="studies' folder, for the disk check")
+    dr.add_argument("--json", action="store_true", help="print the report as JSON")
 
     e = sub.add_parser("engine", help="manage engine environments (vLLM installations)")
     esub = e.add_subparsers(dest="engine_command", required=True, metavar="ACTION")
@@ -262,6 +272,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from autotuner.cli.check import check_main
 
         return check_main(args.files)
+    if args.command == "doctor":
+        from autotuner.cli.doctor import main_doctor
+
+        return main_doctor(args.sla, args.engine, args.trials_dir, args.json)
     if args.command == "engine":
         from autotuner.cli import engine
 
