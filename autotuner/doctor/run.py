@@ -35,9 +35,11 @@ def _engine_python(sla: Sla | None, engine: envs.EngineEnv | str | None) -> tupl
     if sla is not None:
         py, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
         return py, how, sla.engine.kind
-    kind = envs.get(engine).kind if engine else registry.default_kind()
-    py, how = envs.resolve_python(engine, None, kind)
-    return py, how, kind
+    if engine is not None:  # named: that entry, whatever $AUTOTUNER_VLLM_PYTHON says
+        env = envs.get(engine)
+        return env.python, f"engine env {env.name!r}", env.kind
+    py, how = envs.resolve_python(None, None)
+    return py, how, registry.default_kind()
 
 
 def _target(sla: Sla | None, device: str | None) -> tuple[str, list[str] | None]:
