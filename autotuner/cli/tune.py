@@ -16,7 +16,22 @@ import optuna
 from autotuner.core.errors import BadInput, Interrupted
 from autotuner.core.procs import sigterm_as_interrupt
 from autotuner.search.tune import tune
-from autotuner.sla.spec import load_sla
+from autotuner.sla.spec import Sla, load_sla
+
+
+def _read_replay(sla: Sla) -> None:
+    """A dataset or trace is read and fitted to the model before anything is launched: a
+    file with no usable prompt is bad input (exit 2), not a failed trial."""
+    if sla.workload.dataset is None and sla.workload.trace is None:
+        return
+    from autotuner.measure.bench import build_plan, resolve_model
+
+    try:
+        plan = build_plan(sla, resolve_model(sla))
+    except (FileNotFoundError, ValueError) as exc:
+        raise BadInput(str(exc)) from exc
+    if plan.factory.replay is not None:
+        print(plan.factory.replay.note())
 
 
 def main_tune(
@@ -29,6 +44,7 @@ def main_tune(
     reconfirm: bool = False,
 ) -> int:
     sla = load_sla(sla_path)
+    _read_replay(sla)
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

@@ -57,7 +57,8 @@ def storage_problem(storage: str | None, state_dir: Path) -> str | None:
 
 
 def path_problems(sla: Sla, state_dir: Path, allowed: Sequence[Path]) -> list[str]:
-    """Why ``model.path`` / ``workload.dataset`` are refused for a daemon SLA (empty: fine).
+    """Why ``model.path`` / ``workload.dataset`` / ``workload.trace`` are refused for a daemon
+    SLA (empty: fine).
 
     Relative paths count as resolved against the SLA's base directory (the spool)."""
     roots = path_roots(state_dir, allowed)
@@ -66,6 +67,7 @@ def path_problems(sla: Sla, state_dir: Path, allowed: Sequence[Path]) -> list[st
     for field, value in (
         ("model.path", sla.model.path),
         ("workload.dataset", sla.workload.dataset),
+        ("workload.trace", sla.workload.trace),
     ):
         if value is None:
             continue

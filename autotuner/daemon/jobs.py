@@ -64,6 +64,8 @@ def pinned_yaml(sla: Sla, engine: str) -> str:
     workload = sla.workload
     if workload.dataset is not None:
         workload = workload.model_copy(update={"dataset": str(sla.resolve_path(workload.dataset))})
+    if workload.trace is not None:
+        workload = workload.model_copy(update={"trace": str(sla.resolve_path(workload.trace))})
     eng = sla.engine.model_copy(update={"name": engine, "python": None})
     return to_yaml(sla.model_copy(update={"model": model, "workload": workload, "engine": eng}))
 

@@ -754,6 +754,8 @@ def _relative_paths(sla: Sla) -> list[str]:
         bad.append("model.path: must be absolute in a submission over HTTP")
     if sla.workload.dataset is not None and not Path(sla.workload.dataset).is_absolute():
         bad.append("workload.dataset: must be absolute in a submission over HTTP")
+    if sla.workload.trace is not None and not Path(sla.workload.trace).is_absolute():
+        bad.append("workload.trace: must be absolute in a submission over HTTP")
     return bad
 
 

@@ -23,16 +23,16 @@ from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
 from autotuner.measure.monitor import Monitor
+from autotuner.measure.replay import replay_of, trace_deadline, trace_requests
 from autotuner.measure.workload import (
     Arrival,
     LengthDist,
     PromptSource,
     RequestFactory,
-    load_dataset,
 )
 from autotuner.models import synth
 from autotuner.records.bench import BenchResult, VerdictRecord
-from autotuner.sla.spec import Sla
+from autotuner.sla.spec import Sla, context_limit
 
 Say = Callable[[str], None]
 
@@ -53,7 +53,8 @@ def length_dist(spec: Any) -> LengthDist:
 
 def arrival_of(sla: Sla) -> Arrival:
     a = sla.workload.arrival
-    return Arrival(a.process, getattr(a, "rate", None), getattr(a, "concurrency", None))
+    rate = getattr(a, "rate", None) or getattr(a, "speed", None)  # a trace's speed is its rate
+    return Arrival(a.process, rate, getattr(a, "concurrency", None))
 
 
 # Request indices per load level on one engine (levels with a duration, not a count).
@@ -75,8 +76,12 @@ def build_plan(
     levels sized for a percentile, :mod:`autotuner.measure.levels`).
     """
     w = sla.workload
-    requests = requests or w.requests
-    dataset = load_dataset(sla.resolve_path(w.dataset)) if w.dataset else ()
+    replay = replay_of(sla, model_dir, context_limit(sla))
+    requests = requests or w.requests or trace_requests(replay)
+    arrival = arrival or arrival_of(sla)
+    deadline = w.timeout_s
+    if deadline is None and (last := trace_deadline(replay, requests, arrival.rate)):
+        deadline = last + w.request_timeout_s
     out = length_dist(w.output_tokens) if w.output_tokens is not None else LengthDist.fixed(128)
     factory = RequestFactory(
         api=w.api,
@@ -84,18 +89,18 @@ def build_plan(
         input_len=length_dist(w.input_tokens) if w.input_tokens is not None else None,
         output_len=out,
         seed=w.seed,
-        dataset=dataset,
         first_index=level * (requests or LEVEL_INDEX_STRIDE),
+        replay=replay,
     )
     return LoadPlan(
         api=w.api,
         factory=factory,
-        arrival=arrival or arrival_of(sla),
+        arrival=arrival,
         requests=requests,
         duration_s=w.duration_s,
         warmup_requests=0 if level else w.warmup_requests,
         request_timeout_s=w.request_timeout_s,
-        deadline_s=w.timeout_s,
+        deadline_s=deadline,
     )
 
 
@@ -225,6 +230,8 @@ async def measure(
     Returns the start-up time and the result with the monitor's summary attached.
     """
     plan = build_plan(sla, model_dir, arrival)
+    if plan.factory.replay is not None:
+        say(plan.factory.replay.note())
     say(f"starting engine (log: {engine.log_path}) ...")
     try:
         endpoint = await engine.launch()

@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -83,7 +83,15 @@ class LoadPlan:
             planned = self.requests / rate if rate else self.requests * 2.0
         return planned + self.request_timeout_s
 
+    def offsets(self) -> Iterator[float]:
+        """Send times of an open-loop plan: the arrival's, or a replayed trace's."""
+        replay = self.factory.replay
+        if self.arrival.process == "trace" and replay is not None and self.arrival.rate:
+            return replay.offsets(self.arrival.rate)
+        return self.arrival.offsets(self.factory.seed)
+
     def describe(self) -> dict[str, Any]:
+        replay = self.factory.replay
         return {
             "api": self.api,
             "arrival": asdict(self.arrival),
@@ -93,6 +101,7 @@ class LoadPlan:
             "seed": self.factory.seed,
             "input_len": asdict(self.factory.input_len) if self.factory.input_len else None,
             "output_len": asdict(self.factory.output_len),
+            **({"replay": replay.describe()} if replay is not None else {}),
         }
 
 
@@ -380,7 +389,7 @@ async def _open_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) 
     tasks: list[asyncio.Task[RequestRecord]] = []
     count = itertools.count() if plan.requests is None else range(plan.requests)
     try:
-        for i, offset in zip(count, plan.arrival.offsets(plan.factory.seed), strict=False):
+        for i, offset in zip(count, plan.offsets(), strict=False):
             if plan.duration_s is not None and offset >= plan.duration_s:
                 break
             if run.t0 + offset >= deadline:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -181,6 +181,23 @@ _GENERIC_WORDS = [
 ]
 
 
+class Replay(Protocol):
+    """Requests read from a file (a dataset, a trace: :mod:`autotuner.measure.datasets`,
+    :mod:`autotuner.measure.traces`) instead of drawn from distributions."""
+
+    def make(self, i: int, first_index: int, output_len: LengthDist) -> RequestSpec: ...
+
+    def offsets(self, speed: float) -> Iterator[float]:
+        """Send times at ``speed`` x the file's own (traces; a dataset has none)."""
+        ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def note(self) -> str:
+        """One line for the user: what was read, what was dropped."""
+        ...
+
+
 @dataclass(frozen=True)
 class RequestFactory:
     """Builds request ``i`` deterministically from ``(seed, i)``: lazy and reproducible."""
@@ -194,8 +211,11 @@ class RequestFactory:
     # Request i is built as request first_index + i. Each load level on one engine starts
     # further on: the same prompts again would hit vLLM's prefix cache and skip the prefill.
     first_index: int = 0
+    replay: Replay | None = None
 
     def make(self, i: int) -> RequestSpec:
+        if self.replay is not None:
+            return self.replay.make(i, self.first_index, self.output_len)
         i += self.first_index
         rng = np.random.default_rng([self.seed, i])
         if self.dataset:
@@ -238,9 +258,10 @@ def load_dataset(path: Path) -> tuple[dict[str, Any], ...]:
 
 @dataclass(frozen=True)
 class Arrival:
-    """Open loop (``poisson`` / ``constant`` at ``rate`` req/s) or closed loop (``concurrency``)."""
+    """Open loop (``poisson`` / ``constant`` at ``rate`` req/s; ``trace``: a trace's own times
+    at ``rate`` x speed) or closed loop (``concurrency``)."""
 
-    process: Literal["poisson", "constant", "concurrency"]
+    process: Literal["poisson", "constant", "concurrency", "trace"]
     rate: float | None = None
     concurrency: int | None = None
 
@@ -249,6 +270,8 @@ class Arrival:
         return self.process != "concurrency"
 
     def describe(self) -> str:
+        if self.process == "trace":
+            return f"trace at {self.rate:g}x speed"
         if self.open_loop:
             return f"{self.process} {self.rate:g} req/s"
         return f"concurrency {self.concurrency}"
@@ -257,6 +280,8 @@ class Arrival:
         """Send times in seconds from the start, for open-loop processes (endless)."""
         if not self.open_loop or not self.rate or self.rate <= 0:
             raise ValueError("offsets() needs an open-loop arrival with a positive rate")
+        if self.process == "trace":
+            raise ValueError("a trace's times come from the trace (LoadPlan.offsets)")
         if self.process == "constant":
             # Index times rate, not a running sum: no drift over long runs.
             yield from (i / self.rate for i in itertools.count())

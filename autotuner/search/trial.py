@@ -273,6 +273,8 @@ async def _measure_levels(
     base = arrival_of(sla)
     own = _own_load(base)
     search = capacity_search(settings, own, base.open_loop)
+    if base.process == "trace":
+        search.unit = "x trace speed"  # the load of a trace is how fast it is replayed
     size = level_size(sla)
     metrics = adapter_of(sla).metrics
     levels: list[Level] = []

@@ -526,8 +526,16 @@ class ConcurrencyArrival(_Strict):
     concurrency: int = Field(ge=1)
 
 
+class TraceArrival(_Strict):
+    """Open loop: the times of ``workload.trace``, replayed ``speed`` times as fast."""
+
+    process: Literal["trace"]
+    speed: float = Field(default=1.0, gt=0, le=1e6)
+
+
 Arrival = Annotated[
-    PoissonArrival | ConstantArrival | ConcurrencyArrival, Field(discriminator="process")
+    PoissonArrival | ConstantArrival | ConcurrencyArrival | TraceArrival,
+    Field(discriminator="process"),
 ]
 
 
@@ -542,6 +550,10 @@ class Workload(_Strict):
     api: Literal["completions", "chat"] = "completions"
     input_tokens: TokenCount | None = None
     dataset: str | None = None
+    dataset_format: Literal["auto", "prompts", "openai-chat", "sharegpt"] = "auto"
+    trace: str | None = None  # a timed trace: arrival times and lengths
+    trace_format: Literal["auto", "azure", "mooncake"] = "auto"
+    trace_block_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)  # Mooncake's hash blocks
     output_tokens: TokenCount | None = None
     arrival: Arrival
     requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
@@ -551,7 +563,7 @@ class Workload(_Strict):
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     request_timeout_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS)
 
-    @field_validator("dataset")
+    @field_validator("dataset", "trace")
     @classmethod
     def _dataset_path(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
@@ -561,11 +573,14 @@ class Workload(_Strict):
     @model_validator(mode="after")
     def _complete(self) -> Workload:
         problems: list[tuple[str, KeyPath]] = []
-        if (self.input_tokens is None) == (self.dataset is None):
-            problems.append(("give exactly one of 'input_tokens' or 'dataset'", ()))
-        if self.output_tokens is None and self.dataset is None:
-            problems.append(("required unless 'dataset' is given", ("output_tokens",)))
-        if self.requests is None and self.duration_s is None:
+        sources = (self.input_tokens, self.dataset, self.trace)
+        if sum(x is not None for x in sources) != 1:
+            problems.append(("give exactly one of 'input_tokens', 'dataset' or 'trace'", ()))
+        if self.output_tokens is None and self.dataset is None and self.trace is None:
+            problems.append(("required unless 'dataset' or 'trace' is given", ("output_tokens",)))
+        if (self.trace is None) != (self.arrival.process != "trace"):
+            problems.append(("a trace goes with {process: trace} and only with it", ("arrival",)))
+        if self.requests is None and self.duration_s is None and self.trace is None:
             problems.append(("give 'requests', 'duration_s' or both", ()))
         if problems:
             raise _fail_all(problems)
@@ -1129,20 +1144,11 @@ def _missing_files(sla: Sla, located: Located) -> list[Problem]:
             problems.append(
                 Problem(located.line_of(where), "model.path", f"no config.json in {model_dir}")
             )
-    if sla.workload.dataset is not None:
-        dataset = sla.resolve_path(sla.workload.dataset)
-        where = ("workload", "dataset")
-        if not dataset.is_file():
-            problems.append(
-                Problem(located.line_of(where), "workload.dataset", f"no such file: {dataset}")
-            )
-        else:
-            from autotuner.measure.workload import load_dataset
+    if sla.workload.dataset is not None or sla.workload.trace is not None:
+        from autotuner.measure.replay import file_problems
 
-            try:
-                load_dataset(dataset)
-            except (ValueError, UnicodeDecodeError) as exc:
-                problems.append(Problem(located.line_of(where), "workload.dataset", str(exc)))
+        for at, msg in file_problems(sla.workload, sla.resolve_path, _context_limit(sla)):
+            problems.append(Problem(located.line_of(at), _dotted(at), msg))
     if not problems:
         problems += _length_problems(sla, located)
     return problems
@@ -1178,6 +1184,9 @@ def _context_limit(sla: Sla) -> int | None:
             return None
     value = config.get("max_position_embeddings") if isinstance(config, dict) else None
     return value if isinstance(value, int) else None
+
+
+context_limit = _context_limit  # public: load plans fit dataset prompts to it
 
 
 def _length_problems(sla: Sla, located: Located) -> list[Problem]:

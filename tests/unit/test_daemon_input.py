@@ -360,12 +360,15 @@ def test_api_sla_storage_and_paths_are_confined(daemon: Daemon, tmp_path: Path) 
 def test_spool_sla_paths_outside_the_roots_are_never_read(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import autotuner.measure.replay as replay
     import autotuner.measure.workload as workload
 
     def never(*a: Any, **k: Any) -> Any:
         raise AssertionError("a dataset outside the allowed paths was read")
 
     monkeypatch.setattr(workload, "load_dataset", never)
+    monkeypatch.setattr(replay, "read_dataset", never)
+    monkeypatch.setattr(replay, "read_trace", never)
     spool = daemon.root / "spool"
     (spool / "pw.yaml").write_text(
         SLA.format(name="pw").replace("input_tokens: 16", "dataset: /etc/passwd")

@@ -430,7 +430,7 @@ MALFORMED: list[tuple[str, str, str, int | None, str]] = [
         M + W.replace("poisson", "burst"),
         "workload.arrival.process",
         5,
-        "must be one of poisson, constant, concurrency, got 'burst'",
+        "must be one of poisson, constant, concurrency, trace, got 'burst'",
     ),
     (
         "missing-process",
@@ -584,14 +584,14 @@ MALFORMED: list[tuple[str, str, str, int | None, str]] = [
         M + W + "  dataset: d.jsonl\n",
         "workload",
         2,
-        "give exactly one of 'input_tokens' or 'dataset'",
+        "give exactly one of 'input_tokens', 'dataset' or 'trace'",
     ),
     (
         "output-tokens-missing",
         M + W.replace("  output_tokens: 8\n", ""),
         "workload.output_tokens",
         2,
-        "required unless 'dataset' is given",
+        "required unless 'dataset' or 'trace' is given",
     ),
     (
         "uniform-max-below-min",

@@ -1,0 +1,119 @@
+"""Reading the data files an SLA names (datasets, traces) as hostile input.
+
+Every problem is a :class:`DataFileError` (a ``ValueError``) whose text starts with
+``FILE:LINE:`` (or ``FILE: record N:`` for records of one JSON document), so that ``check``,
+``bench`` and ``tune`` can show it as it is and exit 2 before anything is launched. Limits
+keep a wrong or malicious file from exhausting memory: a line longer than
+:data:`MAX_LINE_BYTES`, a file larger than :data:`MAX_FILE_BYTES`, more than
+:data:`MAX_RECORDS` records; bytes that are not UTF-8, JSON nested too deeply, ``NaN`` or
+numbers that Python will not parse are errors too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MAX_FILE_BYTES = 2 * 1024**3  # ShareGPT's best-known file is 0.7 GB
+MAX_LINE_BYTES = 16 * 1024**2
+MAX_RECORDS = 10_000_000
+
+
+class DataFileError(ValueError):
+    """A data file that can't be used; the message names the file and line or record."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` without NaN / Infinity; any failure is a ``ValueError``."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("not usable JSON: nested too deeply") from None
+
+
+def check_size(path: Path) -> None:
+    """Refuse a missing file, a directory, or one past :data:`MAX_FILE_BYTES`."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise DataFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not path.is_file():
+        raise DataFileError(f"{path}: not a regular file")
+    if size > MAX_FILE_BYTES:
+        raise DataFileError(f"{path}: {size} bytes, more than the {MAX_FILE_BYTES} allowed")
+
+
+def lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of every non-blank line, checked for length and encoding."""
+    check_size(path)
+    with path.open("rb") as f:
+        lineno = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise DataFileError(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFileError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                    f"{exc.start + 1})"
+                ) from None
+            if lineno > MAX_RECORDS:
+                raise DataFileError(f"{path}:{lineno}: more than {MAX_RECORDS} lines")
+            if text.strip():
+                yield lineno, text
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of every record of a JSON Lines file."""
+    for lineno, text in lines(path):
+        try:
+            yield lineno, parse_json(text)
+        except ValueError as exc:
+            raise DataFileError(f"{path}:{lineno}: {exc}") from None
+
+
+def json_document(path: Path) -> Any:
+    """The one JSON value a ``.json`` file holds."""
+    check_size(path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataFileError(f"{path}:{line}: not UTF-8 text") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise DataFileError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+    except RecursionError:
+        raise DataFileError(f"{path}: not usable JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise DataFileError(f"{path}: not usable JSON: {exc}") from None
+
+
+def count(value: Any, what: str, *, low: int = 1, high: int = 10_000_000) -> int:
+    """``value`` as a token count in ``[low, high]``; a ``ValueError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer, got {shown(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{what} must be between {low} and {high}, got {value}")
+    return value
+
+
+def shown(value: Any) -> str:
+    """A short rendering of a value from a data file, for messages."""
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
