@@ -10,7 +10,8 @@ The bundle goes to ``<study>/promoted/``, built beside it and swapped in whole, 
 see the previous bundle or the new one, never half of one. It holds
 ``optimization_manifest.json`` (config, measurements with spread, verdicts, provenance,
 decisions), ``hardware_profile.csv``, ``latency_breakdown.svg``, ``pareto.svg`` /
-``pareto.csv``, ``fallback_plan.md`` and ``deploy/`` (serve script, docker run, Kubernetes).
+``pareto.csv``, ``fallback_plan.md``, ``deploy/`` (serve script, docker run, Kubernetes) and,
+when profiled, ``kernel_breakdown.csv``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
 from autotuner.engines import registry
 from autotuner.engines.base import DeployRenderer
+from autotuner.measure.kernel_profile import ProfileFailed
+from autotuner.measure.kernels import KernelBreakdown, breakdown_csv
 from autotuner.records.manifest import (
     Confirmation,
     DecisionRecord,
@@ -72,6 +75,9 @@ Say = Callable[[str], None]
 # Runs one confirmation launch: (params, run directory, claimed capacity) -> result, a narrow
 # capacity search around the claim.
 ConfirmRun = Callable[[Mapping[str, ParamValue], Path, float], TrialResult]
+# Profiles one config under the engine's own profiler, a launch of its own: (params, run
+# directory) -> where its time went; raises ProfileFailed when no breakdown came of it.
+ProfileRun = Callable[[Mapping[str, ParamValue], Path], KernelBreakdown]
 
 SUMMARY = ("capacity", "goodput", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms", "peak_memory_gib")
 # Measured by confirmation replicates (the rest is the search's single run at the SLA's load).
@@ -263,8 +269,15 @@ def _unit(sla: Sla) -> str:
     return "req/s" if hasattr(sla.workload.arrival, "rate") else "concurrent requests"
 
 
-def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
-    """Choose, confirm and write the bundle. Returns the manifest as written (its JSON form)."""
+def promote(
+    ctx: Context, run: ConfirmRun, say: Say = print, profile: ProfileRun | None = None
+) -> dict[str, Any]:
+    """Choose, confirm and write the bundle. Returns the manifest as written (its JSON form).
+
+    ``profile``: the promoted config and the baseline are profiled for the kernel breakdown
+    (``kernel_breakdown.csv`` and a panel of ``latency_breakdown.svg``); a profile that fails
+    is reported and left out, never a reason to withhold the bundle.
+    """
     sla = ctx.sla
     directions = [o.direction for o in sla.objectives]
     cands = candidates(ctx.study)
@@ -291,7 +304,9 @@ def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
     say(f"promoted {decision.promoted}: {decision.reason}")
     record = DecisionRecord.model_validate(decision.to_dict())
     manifest = _manifest(ctx, chosen, record, reps, ranked, configs, meets)
-    write_bundle(ctx, manifest, chosen, front, ranked)
+    base = next((c for c in cands if c.baseline), None)
+    kernels = _kernel_profiles(ctx, chosen, base, profile, say) if profile else []
+    write_bundle(ctx, manifest, chosen, front, ranked, kernels=kernels)
     note = PromotionNote(
         promoted=decision.promoted,
         trial=chosen.trial,
@@ -300,6 +315,27 @@ def promote(ctx: Context, run: ConfirmRun, say: Say = print) -> dict[str, Any]:
     )
     StudyRecord(promotion=note).save(ctx.study.set_user_attr)
     return manifest.to_data()
+
+
+def _kernel_profiles(
+    ctx: Context, chosen: Candidate, base: Candidate | None, profile: ProfileRun, say: Say
+) -> list[tuple[str, KernelBreakdown]]:
+    """The promoted config's and the baseline's profiles, labelled as in the latency panels."""
+    configs = [(f"promoted (trial {chosen.trial})", chosen)]
+    if base is not None and base.trial != chosen.trial:
+        configs.append((f"baseline (trial {base.trial})", base))
+    out = []
+    for label, c in configs:
+        name = _label(c)
+        say(f"kernel profile of {name}: one more launch, under the engine's profiler")
+        try:
+            breakdown = profile(c.params, ctx.study_dir / "profile" / name)
+        except ProfileFailed as exc:
+            say(f"  -> no kernel profile of {name}: {exc}")
+            continue
+        say(f"  -> {breakdown.summary()}")
+        out.append((label, breakdown))
+    return out
 
 
 def _trial_file(ctx: Context, number: int) -> TrialResult | None:
@@ -638,8 +674,11 @@ def write_bundle(
     chosen: Candidate,
     front: list[Candidate],
     ranked: list[Candidate],
+    *,
+    kernels: Sequence[tuple[str, KernelBreakdown]] = (),
 ) -> Path:
-    """Write every artifact into a fresh directory and swap it in as ``promoted/``."""
+    """Write every artifact into a fresh directory and swap it in as ``promoted/``;
+    ``kernels`` (label, profiled window) add ``kernel_breakdown.csv`` and the kernel panel."""
     final = ctx.study_dir / "promoted"
     tmp = ctx.study_dir / f".promoted.{int(time.time() * 1000)}.tmp"
     (tmp / "deploy").mkdir(parents=True)
@@ -687,9 +726,13 @@ def write_bundle(
         profiles.append(_profile(ctx, base, f"baseline (trial {base.trial})"))
     (tmp / "latency_breakdown.svg").write_text(
         report.latency_breakdown_svg(
-            [p for p in profiles if p is not None], title=f"{sla.name}: latency at the SLA's load"
+            [p for p in profiles if p is not None],
+            title=f"{sla.name}: latency at the SLA's load",
+            kernels=kernels,
         )
     )
+    if kernels:
+        (tmp / "kernel_breakdown.csv").write_text(breakdown_csv(kernels))
     reason = manifest.decision.reason if manifest.decision else ""
     if figures.replicates:
         where = (

@@ -24,9 +24,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from autotuner.bundle.deploy import argv_lines, format_command
+
+if TYPE_CHECKING:
+    from autotuner.measure.kernels import KernelBreakdown
 
 Better = Literal["max", "min"]
 
@@ -638,13 +641,19 @@ def _percentile_key(name: str) -> tuple[float, str]:
     return (float(match[1]) if match else -1.0, name)
 
 
-def latency_breakdown_svg(profiles: Sequence[LatencyProfile], *, title: str | None = None) -> str:
+def latency_breakdown_svg(
+    profiles: Sequence[LatencyProfile],
+    *,
+    title: str | None = None,
+    kernels: Sequence[tuple[str, KernelBreakdown]] = (),
+) -> str:
     """Grouped horizontal bars of each latency's percentiles, a colour per profile.
 
     One panel per latency metric (TTFT, TPOT, E2E, ...; each with its own ms axis, since
     they differ by orders of magnitude), a group per percentile, a bar per profile. Profiles
-    with engine phase times get a last panel of stacked bars: mean queue / prefill / decode
-    time per request.
+    with engine phase times get a panel of stacked bars: mean queue / prefill / decode
+    time per request. ``kernels`` (label, profiled window) add a last panel: the share of
+    time per kernel class (:mod:`autotuner.bundle.kernel_chart`).
     """
     width = 780.0
     x0, x1 = 190.0, 650.0
@@ -763,6 +772,11 @@ def latency_breakdown_svg(profiles: Sequence[LatencyProfile], *, title: str | No
         y = panel_top + panel_h
         body += _bar_axis(scale, y)
         y += 42
+    if kernels:
+        from autotuner.bundle.kernel_chart import kernel_panel  # it draws with this module
+
+        panel, y = kernel_panel(kernels, y)
+        body += panel
     return _svg(width, y, body, heading)
 
 

@@ -209,6 +209,23 @@ class MemoryClaim:
     how: str  # the arithmetic, for the reason a config is pruned
 
 
+@dataclass(frozen=True)
+class ProfilerSetup:
+    """How to run an engine under its own profiler (a separate launch, never a measured one).
+
+    ``args`` and ``env`` are added to the launch; ``start_path`` / ``stop_path`` are POSTed
+    to the running server around the profiled window; the traces land in the ``trace_dir``
+    the setup was made for, and files whose name contains one of ``skip`` are not the
+    workers' (e.g. the API server's own CPU trace).
+    """
+
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    start_path: str = "/start_profile"
+    stop_path: str = "/stop_profile"
+    skip: tuple[str, ...] = ()
+
+
 class DeployRenderer(Protocol):
     """Renders a promoted config as files to serve it with; every method is pure."""
 
@@ -360,4 +377,9 @@ class EngineAdapter(Protocol):
     def memory_claim(self, params: Params, hardware: HardwareProfile) -> MemoryClaim | None:
         """Device memory ``params`` takes up front; None when the engine claims none ahead
         (a CPU run)."""
+        ...
+
+    def profiler(self, version: str, trace_dir: Path) -> ProfilerSetup | None:
+        """How engine ``version`` profiles into ``trace_dir`` (an absolute path); None when
+        that version has no profiler the tuner can drive."""
         ...

@@ -26,7 +26,9 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter
+from autotuner.measure import kernel_profile
 from autotuner.measure.bench import resolve_model
+from autotuner.measure.kernels import KernelBreakdown
 from autotuner.measure.levels import resolution_notes
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
@@ -340,8 +342,21 @@ def _tune(
                 say=_say,
             )
 
+        def profile_run(params: Mapping[str, ParamValue], run_dir: Path) -> KernelBreakdown:
+            return kernel_profile.profile_config(
+                params,
+                sla,
+                python=python,
+                version=version,
+                model_dir=model_dir,
+                run_dir=run_dir,
+                cuda_devices=cuda,
+                say=_say,
+            )
+
         ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
-        return promote(ctx, confirm_run, _say)
+        profiling = profile_run if kernel_profile.enabled(sla) else None
+        return promote(ctx, confirm_run, _say, profiling)
     finally:
         if remote is not None:
             remote.close()

@@ -737,6 +737,9 @@ class TuneSpec(_Strict):
     # Levels grow to the requests their percentile needs, up to this many.
     max_requests_per_level: int = Field(default=600, ge=1, le=MAX_REQUESTS)
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    # Profile the promoted config and the baseline with the engine's own profiler (one more
+    # launch each, after the search) for the bundle's kernel breakdown; null: on for GPUs.
+    profile: bool | None = None
     storage: str | None = None  # SQLAlchemy URL; default: SQLite in the study directory
 
     @field_validator("storage")

@@ -8,6 +8,7 @@ memory, rules, deploy); this class only puts them behind
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from autotuner.core.hardware import HardwareProfile
 from autotuner.core.options import EnvRule, OptionRule
@@ -19,10 +20,12 @@ from autotuner.engines.base import (
     LaunchCause,
     LaunchSpec,
     MemoryClaim,
+    ProfilerSetup,
 )
 from autotuner.engines.vllm import defaults as _defaults
 from autotuner.engines.vllm import flags, logs, memory, rules
 from autotuner.engines.vllm import options as _options
+from autotuner.engines.vllm import profiler as _profiler
 from autotuner.engines.vllm.deploy import VllmDeploy
 from autotuner.engines.vllm.launcher import PYTHON_VAR, SERVER_MODULE, VllmEngine
 from autotuner.engines.vllm.metrics import METRICS
@@ -133,6 +136,9 @@ class VllmAdapter:
 
     def memory_claim(self, params: Params, hardware: HardwareProfile) -> MemoryClaim | None:
         return memory.memory_claim(params, hardware)
+
+    def profiler(self, version: str, trace_dir: Path) -> ProfilerSetup | None:
+        return _profiler.setup(version, trace_dir)
 
 
 ADAPTER = VllmAdapter()
