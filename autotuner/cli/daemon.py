@@ -169,6 +169,13 @@ def main_status(
             else "nothing promoted yet"
         )
         print(f"  {s['name']}: {prom}; next check {_age(s['next_check'])} ({s['schedule']})")
+    checks = data.get("engine_checks") or {}
+    if checks:
+        print("\nengine checks (autotuner doctor):")
+    for name, c in sorted(checks.items()):
+        print(f"  {name} ({c['engine'] or 'not probed'}): {c['verdict']} ({c['checked']})")
+        for f in c["problems"][:5]:
+            print(f"      {f['status']} {f['check']}: {f['found']}")
     refused = data.get("spool") or {}
     if refused.get("rejected"):
         print(f"\nspool: {refused['rejected']} files refused (see spool/failed/*.error.txt)")

@@ -29,7 +29,17 @@ from annotated_types import Le
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.procs import set_parent_death_signal
-from autotuner.daemon import alerts, confine, ending, jobs, kinds, spool, tokens, watch
+from autotuner.daemon import (
+    alerts,
+    confine,
+    ending,
+    engine_checks,
+    jobs,
+    kinds,
+    spool,
+    tokens,
+    watch,
+)
 from autotuner.daemon.config import ConfigError, DaemonConfig, check_cron, next_run
 from autotuner.daemon.errors import AlreadyRunning, SubmitError, UnknownJobKind
 from autotuner.daemon.forgotten import refuse_forgotten
@@ -111,6 +121,7 @@ class Daemon:
         )
         self.spool = spool.Spool(self.root / "spool", config.max_request_bytes)
         self.spool_refusals: deque[dict[str, Any]] = deque(maxlen=20)  # since this start
+        self.engine_checks = engine_checks.load(self.root)  # the doctor's, per engine
         self._spool_scan: asyncio.Task[list[tuple[str, bool]]] | None = None
         self.bind = ""
         self.started = time.time()
@@ -654,6 +665,7 @@ class Daemon:
             ],
             "alerts": self.store.alerts(limit=10),
             "engines": self.store.engines(),
+            "engine_checks": {n: engine_checks.summary(r) for n, r in self.engine_checks.items()},
             "spool": {
                 "rejected": self.store.alert_counts().get("spool_rejected", 0),
                 "recent": list(self.spool_refusals)[:5],
@@ -696,6 +708,10 @@ class Daemon:
         try:
             probed = await asyncio.to_thread(self.probe_engines)
             self.scan_engines(probed)
+            # the doctor's checks of new and changed environments (interpreters: off the loop)
+            self.engine_checks, _ = await asyncio.to_thread(
+                engine_checks.check_engines, self.root, probed, self.engine_checks
+            )
         except Exception as exc:  # a broken registry must not stop the daemon
             logger.warning("engine scan failed: %r", exc)
 

