@@ -43,6 +43,7 @@ from pydantic_core import PydanticCustomError
 from autotuner.core.errors import BadInput
 from autotuner.engines import registry
 from autotuner.search.space import SearchSpec
+from autotuner.sla.quality import QualitySpec
 from autotuner.sla.yamlpos import KeyPath, Located, load_located
 
 # --------------------------------------------------------------------------- metric names
@@ -782,6 +783,7 @@ class Sla(_Strict):
     objectives: list[Objective] = Field(default_factory=_default_objectives)
     search: SearchSpec = Field(default_factory=SearchSpec)
     tune: TuneSpec = Field(default_factory=TuneSpec)
+    quality: QualitySpec = Field(default_factory=QualitySpec)  # the lossy tier's gate
 
     _source_path: Path | None = PrivateAttr(default=None)
     _base_dir: Path | None = PrivateAttr(default=None)
@@ -798,7 +800,7 @@ class Sla(_Strict):
             )
         return v
 
-    @field_validator("engine", "target", "objectives", "search", "tune", mode="before")
+    @field_validator("engine", "target", "objectives", "search", "tune", "quality", mode="before")
     @classmethod
     def _empty_section(cls, v: Any, info: ValidationInfo) -> Any:
         # `engine:` with every line below commented out is YAML null: read it as "defaults".
