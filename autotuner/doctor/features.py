@@ -271,20 +271,21 @@ def _attention(env: Mapping[str, str], hw: HardwareProfile) -> list[Finding]:
 
 
 def _left_out(space: SearchSpace, sla: Sla) -> list[Finding]:
-    """Searched values the hardware can't run: dropped by the space; a warning when the SLA
-    listed them itself."""
-    out = []
+    """Searched values the hardware can't run, one line per parameter and reason: dropped by
+    the space; a warning when the SLA listed them itself."""
+    groups: dict[tuple[str, str, bool], list[str]] = {}
     for d in space.dropped:
         if not d.is_choice or ("needs" not in d.reason and "more than" not in d.reason):
             continue
         ov = sla.search.params.get(d.param)
         asked = ov is not None and ov.values is not None and d.value in ov.values
-        out.append(
-            Finding(
-                check=f"feature.{d.param}",
-                status="warning" if asked else "ok",
-                found=f"{d.param}={d.value} left out of the search: {d.reason}",
-                action="remove it from search.params" if asked else None,
-            )
+        groups.setdefault((d.param, d.reason, asked), []).append(str(d.value))
+    return [
+        Finding(
+            check=f"feature.{param}",
+            status="warning" if asked else "ok",
+            found=f"{param} {', '.join(values)} left out of the search: {reason}",
+            action="remove them from search.params" if asked else None,
         )
-    return out
+        for (param, reason, asked), values in groups.items()
+    ]

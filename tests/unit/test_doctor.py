@@ -283,7 +283,7 @@ def test_search_values_the_gpu_cannot_run() -> None:
     )
     f = feature(sla, "0.26.0", gpu_hw((8, 0)))["feature.kv_cache_dtype"]
     assert f.status == "warning"  # the SLA listed it, the search will leave it out
-    assert "fp8 left out of the search" in f.found
+    assert "kv_cache_dtype fp8 left out of the search" in f.found
 
 
 @pytest.mark.parametrize(
