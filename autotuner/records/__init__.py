@@ -25,6 +25,8 @@ JobOutcome                  the file named by --outcome (tune,   cli.outcome / d
 StudyLockFile               <study>/tune.lock (who holds it)     search.lock / search.lock
 ProcessOwner                part of StudyLockFile and of         search.lock, search.study /
                             TrialRecord (``owner``)              search.study (start-up sweep)
+DoctorReport                `autotuner doctor --json`, <daemon   doctor.run / daemon
+                            state>/engine-checks/<name>.json     engine_checks, status
 ==========================  ===================================  =============================
 """
 
