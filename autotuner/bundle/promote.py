@@ -548,7 +548,12 @@ def _profile(ctx: Context, cand: Candidate, title: str) -> report.LatencyProfile
         for k in ("queue", "prefill", "decode")
         if eng.get(f"mean_{k}_ms") is not None
     }
-    return report.LatencyProfile(title, pct, phases)
+    cache = {
+        k: float(eng[k])
+        for k in ("prompt_cached_share", "prefix_cache_hit_rate")
+        if eng.get(k) is not None
+    }
+    return report.LatencyProfile(title, pct, phases, cache)
 
 
 def _label(c: Candidate) -> str:

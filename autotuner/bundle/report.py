@@ -67,6 +67,8 @@ class LatencyProfile:
     label: str  # "promoted (trial 7)"
     percentiles: dict[str, dict[str, float | None]]  # {"ttft": {"p50": ms, ...}, "tpot": ...}
     phases_ms: dict[str, float] = field(default_factory=dict)  # mean "queue"/"prefill"/"decode"
+    # The engine's prefix cache: "prompt_cached_share", "prefix_cache_hit_rate" (0 to 1).
+    cache: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -776,6 +778,11 @@ def latency_breakdown_svg(
         from autotuner.bundle.kernel_chart import kernel_panel  # it draws with this module
 
         panel, y = kernel_panel(kernels, y)
+        body += panel
+    if any(p.cache for p in profiles):
+        from autotuner.bundle.cache_panel import cache_panel  # it draws with this module
+
+        panel, y = cache_panel(profiles, y)
         body += panel
     return _svg(width, y, body, heading)
 

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotuner.bundle.cache_report import cache_lines
 from autotuner.core.errors import AutotunerError
 from autotuner.records.manifest import DecisionRecord, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
@@ -79,6 +80,7 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     )
     if said := defaults_line(study, _resolution(study_dir)):
         lines.append(f"search: {said}")
+    lines += cache_lines(((t.number, r) for t, r in trials), study_dir)
     promotion = s.promotion
     lines.append("")
     manifest = study_dir / "promoted" / "optimization_manifest.json"

@@ -21,6 +21,7 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import EngineLaunchError
 from autotuner.measure.bench import BenchOutcome, bench
+from autotuner.measure.cache import cache_note
 
 
 def main_bench(
@@ -136,6 +137,8 @@ def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
             f"peak KV cache {_fmt(kv * 100 if kv is not None else None)}%, "
             f"peak waiting {_fmt(engine.get('peak_waiting'), 0)}\n"
         )
+        if note := cache_note(engine):
+            w(f"{'':<22}{note}\n")
     w("\nSLA\n")
     for v in outcome.evaluation.verdicts:
         op = "<=" if v.bound == "max" else ">="

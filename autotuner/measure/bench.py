@@ -20,6 +20,7 @@ from autotuner import __version__
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
+from autotuner.measure.conversations import synthetic_traffic
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
 from autotuner.measure.monitor import Monitor
@@ -92,9 +93,11 @@ def build_plan(
         first_index=level * (requests or LEVEL_INDEX_STRIDE),
         replay=replay,
     )
+    factory, conversation = synthetic_traffic(w, factory)
     return LoadPlan(
         api=w.api,
         factory=factory,
+        conversation=conversation,
         arrival=arrival,
         requests=requests,
         duration_s=w.duration_s,

@@ -21,6 +21,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from autotuner.measure.conversations import ConversationFactory, drive
+from autotuner.measure.synthetic import prefix_of
 from autotuner.measure.workload import Api, Arrival, RequestFactory, RequestSpec
 
 # Warm-up requests use their own prompts, so they cannot seed the prefix cache for the run.
@@ -67,6 +69,7 @@ class LoadPlan:
     warmup_requests: int = 0
     request_timeout_s: float = 300.0
     deadline_s: float | None = None  # hard limit for the measured part
+    conversation: ConversationFactory | None = None  # multi-turn: requests are turns
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -81,6 +84,8 @@ class LoadPlan:
             assert self.requests is not None
             rate = self.arrival.rate if self.arrival.open_loop else None
             planned = self.requests / rate if rate else self.requests * 2.0
+        if self.conversation is not None:  # the last conversation's later turns think first
+            planned += (self.conversation.turns - 1) * self.conversation.think_time_s
         return planned + self.request_timeout_s
 
     def offsets(self) -> Iterator[float]:
@@ -102,6 +107,8 @@ class LoadPlan:
             "input_len": asdict(self.factory.input_len) if self.factory.input_len else None,
             "output_len": asdict(self.factory.output_len),
             **({"replay": replay.describe()} if replay is not None else {}),
+            **({"shared_prefix": p.describe()} if (p := prefix_of(self.factory)) else {}),
+            **({"conversation": self.conversation.describe()} if self.conversation else {}),
         }
 
 
@@ -193,6 +200,8 @@ class _Run:
         self.failed = 0
         self.t0 = time.perf_counter()
         self.last_end = 0.0
+        # Answers' text by request index, kept only for conversations (their history).
+        self.answers: dict[int, str] | None = None
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -225,7 +234,7 @@ class _Run:
             "requested_tokens": spec.output_tokens,
         }
         try:
-            timing = await self._stream(session, spec, start)
+            timing = await self._stream(session, spec, start, index)
             record = RequestRecord(**base, **timing)
         except asyncio.CancelledError:
             self._add(RequestRecord(**base, error="deadline", detail="cut at the hard deadline"))
@@ -250,8 +259,9 @@ class _Run:
             self.failed += 1
 
     async def _stream(
-        self, session: aiohttp.ClientSession, spec: RequestSpec, start: float
+        self, session: aiohttp.ClientSession, spec: RequestSpec, start: float, index: int
     ) -> dict[str, Any]:
+        pieces: list[str] | None = [] if self.answers is not None else None
         first: float | None = None
         last = start
         gaps: list[float] = []
@@ -278,6 +288,8 @@ class _Run:
                     usage = event["usage"]
                 if not _has_text(event):
                     continue
+                if pieces is not None:
+                    pieces.append(_text_of(event))
                 chunks += 1
                 if first is None:
                     first = now
@@ -289,6 +301,8 @@ class _Run:
             raise _Incomplete(f"stream ended after {chunks} chunks without [DONE]")
         if first is None:
             raise _Incomplete("no token received")
+        if pieces is not None and self.answers is not None:
+            self.answers[index] = "".join(pieces)
         return {
             "ttft_s": first - start,
             "itl_s": tuple(gaps),
@@ -316,6 +330,14 @@ class _HttpError(Exception):
 
 class _Incomplete(Exception):
     pass
+
+
+def _text_of(event: dict[str, Any]) -> str:
+    out = []
+    for choice in event.get("choices") or ():
+        delta = choice.get("delta") or {}
+        out.append(choice.get("text") or delta.get("content") or "")
+    return "".join(out)
 
 
 def _has_text(event: dict[str, Any]) -> bool:
@@ -355,7 +377,9 @@ async def run_load(
             run = _Run(base_url, model, plan.api, plan.request_timeout_s)
             ticker = asyncio.create_task(_tick(run, plan, progress, progress_every_s))
             try:
-                if plan.arrival.open_loop:
+                if plan.conversation is not None:
+                    await _conversations(run, session, plan, plan.conversation)
+                elif plan.arrival.open_loop:
                     await _open_loop(run, session, plan)
                 else:
                     await _closed_loop(run, session, plan)
@@ -403,6 +427,27 @@ async def _open_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) 
             await asyncio.wait(tasks, timeout=max(0.0, remaining))
     finally:
         await _cancel(tasks)
+
+
+async def _conversations(
+    run: _Run, session: aiohttp.ClientSession, plan: LoadPlan, factory: ConversationFactory
+) -> None:
+    answers: dict[int, str] = {}
+    run.answers = answers
+
+    async def send(index: int, spec: RequestSpec, scheduled: float) -> tuple[RequestRecord, str]:
+        record = await run.send(session, index, spec, scheduled)
+        return record, answers.pop(index, "")
+
+    await drive(
+        factory,
+        send,
+        arrival=plan.arrival,
+        requests=plan.requests,
+        duration_s=plan.duration_s,
+        t0=run.t0,
+        deadline=run.t0 + plan.hard_deadline(),
+    )
 
 
 async def _closed_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) -> None:

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from autotuner.core.hardware import nvml_text
 from autotuner.engines import registry
 from autotuner.engines.base import MetricNames
+from autotuner.measure.cache import cached_share
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ def engine_summary(
         out["prefix_cache_hit_rate"] = (
             out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
         )
+    if (share := cached_share(out)) is not None:
+        out["prompt_cached_share"] = share
     for phase, name in names_of.phases.items():
         count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
         total = after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)

@@ -35,6 +35,7 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess
 from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
+from autotuner.measure.cache import cache_note
 from autotuner.measure.capacity import Capacity, CapacitySearch
 from autotuner.measure.evaluate import evaluate
 from autotuner.measure.levels import judge, level_size, pooled
@@ -325,6 +326,7 @@ async def _measure_levels(
             f"    level {i + 1}: {_arrival(base, load).describe()}, {len(result.records)} "
             f"requests{pooled_note} -> {shown}, goodput "
             f"{goodput if goodput is None else f'{goodput:.2f}'} req/s"
+            + (f", {note}" if (note := cache_note(levels[-1].engine)) else "")
         )
     cap = search.result()
     record = CapacityRecord(

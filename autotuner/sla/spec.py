@@ -540,6 +540,26 @@ Arrival = Annotated[
 ]
 
 
+class SharedPrefix(_Strict):
+    """Synthetic system prompts: every request starts with ``tokens`` tokens of one; ``share``
+    of the requests use one of ``prompts`` shared ones, the rest one of their own (so the
+    prompt lengths do not depend on the share)."""
+
+    prompts: int = Field(ge=1, le=MAX_REQUESTS)
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
+    share: float = Field(ge=0, le=1)
+
+
+class Conversation(_Strict):
+    """Multi-turn chats: each conversation sends ``turns`` requests, each later one resending
+    the history (earlier prompts and answers) plus a new user message, ``think_time_s`` after
+    the previous answer arrived. The arrival rate stays requests per second: conversations
+    start at ``rate / turns``."""
+
+    turns: int = Field(ge=1, le=MAX_REQUESTS)
+    think_time_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
+
+
 class Workload(_Strict):
     """The load test: what requests look like, how they arrive, and how long it runs.
 
@@ -556,6 +576,8 @@ class Workload(_Strict):
     trace_format: Literal["auto", "azure", "mooncake"] = "auto"
     trace_block_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)  # Mooncake's hash blocks
     output_tokens: TokenCount | None = None
+    shared_prefix: SharedPrefix | None = None
+    conversation: Conversation | None = None
     arrival: Arrival
     requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
     duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
@@ -583,6 +605,9 @@ class Workload(_Strict):
             problems.append(("a trace goes with {process: trace} and only with it", ("arrival",)))
         if self.requests is None and self.duration_s is None and self.trace is None:
             problems.append(("give 'requests', 'duration_s' or both", ()))
+        for key in ("shared_prefix", "conversation"):
+            if getattr(self, key) is not None and self.input_tokens is None:
+                problems.append(("needs 'input_tokens' (synthetic prompts)", (key,)))
         if problems:
             raise _fail_all(problems)
         return self
@@ -1201,7 +1226,12 @@ def _length_problems(sla: Sla, located: Located) -> list[Problem]:
     output = _longest(sla.workload.output_tokens) if sla.workload.output_tokens else None
     if limit is None or prompt is None:
         return []
+    w = sla.workload
+    if w.shared_prefix is not None or w.conversation is not None:
+        return _traffic_length_problems(sla, located, limit, prompt, output or 0)
     need = prompt + (output or 0)
+    if need <= limit:
+        return []
     if need <= limit:
         return []
     where: KeyPath = ("workload", "input_tokens")
@@ -1211,6 +1241,44 @@ def _length_problems(sla: Sla, located: Located) -> list[Problem]:
             "workload.input_tokens",
             f"a request of {prompt} prompt + {output or 0} output tokens does not fit the "
             f"model's context of {limit} tokens (max_model_len)",
+        )
+    ]
+
+
+def _traffic_length_problems(
+    sla: Sla, located: Located, limit: int, prompt: int, output: int
+) -> list[Problem]:
+    """Shared prefixes and conversations: the longest request is the last turn, which resends
+    the system prompt and every earlier prompt and answer."""
+    w = sla.workload
+    prefix = w.shared_prefix.tokens if w.shared_prefix else 0
+    turns = w.conversation.turns if w.conversation else 1
+    if prefix >= limit:
+        where: KeyPath = ("workload", "shared_prefix", "tokens")
+        return [
+            Problem(
+                located.line_of(where),
+                "workload.shared_prefix.tokens",
+                f"a system prompt of {prefix} tokens does not fit the model's context of "
+                f"{limit} tokens (max_model_len)",
+            )
+        ]
+    need = prefix + turns * (prompt + output)
+    if need <= limit:
+        return []
+    key, where = (
+        ("conversation", ("workload", "conversation", "turns"))
+        if turns > 1
+        else ("input_tokens", ("workload", "input_tokens"))
+    )
+    last = f"the last of {turns} turns" if turns > 1 else "a request"
+    return [
+        Problem(
+            located.line_of(where),
+            f"workload.{key}" + (".turns" if turns > 1 else ""),
+            f"{last} needs {need} tokens ({prefix} system prompt + {turns} x ({prompt} prompt + "
+            f"{output} output)), more than the model's context of {limit} tokens "
+            "(max_model_len)",
         )
     ]
 

@@ -21,6 +21,8 @@ METRICS = MetricNames(
         # prompt tokens looked up in / found in the prefix cache
         "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
         "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
+        # prompt tokens whose prefill was skipped (served from a cache)
+        "prompt_tokens_cached": ("vllm:prompt_tokens_cached_total",),
     },
     phases={
         "queue": "vllm:request_queue_time_seconds",
