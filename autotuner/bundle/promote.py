@@ -34,6 +34,7 @@ from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
 from autotuner.engines import registry
 from autotuner.engines.base import DeployRenderer
+from autotuner.measure.bench import layout_of
 from autotuner.measure.kernel_profile import ProfileFailed
 from autotuner.measure.kernels import KernelBreakdown, breakdown_csv
 from autotuner.records.manifest import (
@@ -65,9 +66,11 @@ from autotuner.search.confirm import (
     interleaved_order,
     not_confirmed,
 )
+from autotuner.search.layout import CAPACITY_PER_GPU, per_gpu_replicate, per_gpu_scale
 from autotuner.search.pareto import Candidate, pareto_front, rank
 from autotuner.search.space import SearchSpace
 from autotuner.search.study import feasible
+from autotuner.search.tiers import GateRun
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import Sla, to_yaml
 
@@ -79,9 +82,17 @@ ConfirmRun = Callable[[Mapping[str, ParamValue], Path, float], TrialResult]
 # directory) -> where its time went; raises ProfileFailed when no breakdown came of it.
 ProfileRun = Callable[[Mapping[str, ParamValue], Path], KernelBreakdown]
 
-SUMMARY = ("capacity", "goodput", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms", "peak_memory_gib")
+SUMMARY = (
+    "capacity",
+    "capacity_per_gpu",
+    "goodput",
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+    "p99_e2e_ms",
+    "peak_memory_gib",
+)
 # Measured by confirmation replicates (the rest is the search's single run at the SLA's load).
-CONFIRMED_METRICS = ("capacity", "goodput")
+CONFIRMED_METRICS = ("capacity", "capacity_per_gpu", "goodput")
 
 
 @dataclass(frozen=True)
@@ -137,14 +148,16 @@ def search_capacity(ctx: Context, number: int) -> CapacityRecord | None:
 
 
 def confirm(
-    ctx: Context, ranked: list[Candidate], run: ConfirmRun, say: Say
+    ctx: Context, ranked: list[Candidate], run: ConfirmRun, say: Say, limit: int | None = None
 ) -> tuple[Decision, list[Replicate], dict[str, Candidate]]:
     """Decide whether a candidate replaces the baseline (see :mod:`autotuner.search.confirm`);
-    launches only when a candidate leads by more than the resolution."""
+    launches only when a candidate leads by more than the resolution. ``limit``: how many of
+    ``ranked`` may be confirmed (default ``tune.confirm.candidates``)."""
     sla = ctx.sla
     spec = sla.tune.confirm
     resolution = sla.tune.capacity_resolution
-    top = [c for c in ranked if not c.baseline][: spec.candidates]
+    limit = limit or spec.candidates
+    top = [c for c in ranked if not c.baseline][:limit]
     configs: dict[str, Candidate] = {f"trial-{c.trial}": c for c in top}
     claims = {name: search_capacity(ctx, c.trial) for name, c in configs.items()}
     base = next((c for c in candidates(ctx.study) if c.baseline), None)
@@ -154,12 +167,19 @@ def confirm(
         return decide_without_baseline(reps, [lead]), reps, configs
     configs["baseline"] = base
     claims["baseline"] = search_capacity(ctx, base.trial)
-    base_value = _held(claims["baseline"], base)
+    # Capacity per GPU as the first objective: configs compare by it (a layout of more GPUs
+    # must serve more than proportionally more to win).
+    scale = {name: per_gpu_scale(sla, c.params) for name, c in configs.items()}
+    base_value = _scaled(_held(claims["baseline"], base), scale["baseline"])
     selection = select_for_confirmation(
-        {name: _held(claims[name], c) for name, c in configs.items() if name != "baseline"},
+        {
+            name: _scaled(_held(claims[name], c), scale[name])
+            for name, c in configs.items()
+            if name != "baseline"
+        },
         base_value,
         resolution,
-        limit=spec.candidates,
+        limit=limit,
     )
     if not selection.labels:
         return not_confirmed(f"kept the baseline, no launch spent: {selection.reason}"), [], configs
@@ -183,13 +203,17 @@ def confirm(
     chosen["baseline"] = base
     reps = _replicates(ctx, chosen, claims, spec.replicates, run, say)
     decision = decide(
-        reps,
+        [per_gpu_replicate(r, scale[r.config]) for r in reps],
         list(selection.labels),
         min_effect=spec.min_effect,
         confidence=sla.tune.confidence,
         resolution=resolution,
     )
     return decision, reps, configs
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
 
 
 def _held(cap: CapacityRecord | None, c: Candidate) -> float | None:
@@ -254,7 +278,10 @@ def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
         stopped_by=None if cap is None else cap.stopped_by,
         goodput=res.metric("goodput"),
         feasible=res.feasible,
-        metrics=dict(level.metrics) if level else {},
+        metrics={
+            **(level.metrics if level else {}),
+            CAPACITY_PER_GPU: None if cap is None else res.metric(CAPACITY_PER_GPU),
+        },
         run_dir=run_dir,
     )
 
@@ -270,9 +297,17 @@ def _unit(sla: Sla) -> str:
 
 
 def promote(
-    ctx: Context, run: ConfirmRun, say: Say = print, profile: ProfileRun | None = None
+    ctx: Context,
+    run: ConfirmRun,
+    say: Say = print,
+    profile: ProfileRun | None = None,
+    *,
+    gate: GateRun | None = None,
 ) -> dict[str, Any]:
     """Choose, confirm and write the bundle. Returns the manifest as written (its JSON form).
+
+    ``gate``: the quality gate a lossy winner must pass (``search.allow_lossy``:
+    :mod:`autotuner.bundle.lossy_tier`); without it no lossy config is promoted.
 
     ``profile``: the promoted config and the baseline are profiled for the kernel breakdown
     (``kernel_breakdown.csv`` and a panel of ``latency_breakdown.svg``); a profile that fails
@@ -289,7 +324,20 @@ def promote(
         manifest = _manifest(ctx, None, nothing, [], ranked, {})
         manifest.write(ctx.study_dir / "no_promotion.json")
         return manifest.to_data()
-    decision, reps, configs = confirm(ctx, ranked, run, say)
+    from autotuner.bundle import lossy_tier  # it confirms with this module's confirm()
+
+    tiered = lossy_tier.decide(ctx, cands, run, say, gate)
+    if tiered is None:
+        decision, reps, configs = confirm(ctx, ranked, run, say)
+        tier = None
+    else:
+        decision, reps, configs, tier = tiered
+    if decision.promoted not in configs:  # a lossy winner gated out, nothing lossless left
+        say(f"nothing to promote: {decision.reason}")
+        nothing = NoDecision(reason=decision.reason)
+        manifest = _manifest(ctx, None, nothing, [], ranked, {})
+        manifest.write(ctx.study_dir / "no_promotion.json")
+        return manifest.to_data()
     chosen = configs[decision.promoted]
     meets = chosen.feasible
     if not meets:
@@ -304,6 +352,8 @@ def promote(
     say(f"promoted {decision.promoted}: {decision.reason}")
     record = DecisionRecord.model_validate(decision.to_dict())
     manifest = _manifest(ctx, chosen, record, reps, ranked, configs, meets)
+    if tier is not None:
+        manifest = manifest.model_copy(update={"lossy_tier": tier})
     base = next((c for c in cands if c.baseline), None)
     kernels = _kernel_profiles(ctx, chosen, base, profile, say) if profile else []
     write_bundle(ctx, manifest, chosen, front, ranked, kernels=kernels)
@@ -761,6 +811,10 @@ def write_bundle(
             promoted_basis=figures.basis(chosen, SUMMARY),
         )
     )
+    if manifest.lossy_tier is not None:
+        from autotuner.bundle.lossy_tier import lossy_tier_md
+
+        (tmp / "lossy_tier.md").write_text(lossy_tier_md(sla.name, manifest.lossy_tier, _unit(sla)))
     _write_deploy(ctx, tmp / "deploy", chosen)
     _swap(tmp, final)
     return final
@@ -775,28 +829,51 @@ def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
         f"autotuner {__version__}: promoted config of study {ctx.sla.name}",
         f"engine {ctx.engine_version}",
     ]
-    serve = out / "serve.sh"
-    serve.write_text(deploy.serve_script(_serve_argv(ctx, chosen.params), header=header))
-    serve.chmod(0o755)
-    docker = out / "docker-run.sh"
-    docker.write_text(
-        deploy.docker_run(
-            chosen.params,
-            model_dir=str(ctx.model_dir),
+    layout = layout_of(ctx.sla, chosen.params)
+    params = layout.engine_params(chosen.params)
+    header.append(f"layout: {layout.describe()}")
+    # Each engine server's GPUs (one slice per replica); on a CPU target none.
+    uuids = [g.uuid for g in ctx.hardware.gpus]
+    slices = layout.slices(uuids) if uuids else [[] for _ in range(layout.replicas)]
+    for i, gpus in enumerate(slices):
+        suffix = f"-r{i}" if layout.replicas > 1 else ""
+        mine = list(header)
+        if layout.replicas > 1:
+            mine.append(
+                f"replica {i + 1} of {layout.replicas}: GPUs {','.join(gpus) or 'none'}, port "
+                f"{8000 + i}; run every replica and spread requests over their ports"
+            )
+        serve = out / f"serve{suffix}.sh"
+        argv = deploy.serve_command(
+            params,
+            model=str(ctx.model_dir),
             served_name=served,
-            gpu_uuids=[g.uuid for g in ctx.hardware.gpus],
-            image=image,
+            port=8000 + i,
+            python=str(ctx.engine_python) if cpu else None,
         )
-    )
-    docker.chmod(0o755)
+        serve.write_text(deploy.serve_script(argv, header=mine))
+        serve.chmod(0o755)
+        docker = out / f"docker-run{suffix}.sh"
+        docker.write_text(
+            deploy.docker_run(
+                params,
+                model_dir=str(ctx.model_dir),
+                served_name=served,
+                gpu_uuids=gpus,
+                image=image,
+                port=8000 + i,
+            )
+        )
+        docker.chmod(0o755)
     (out / "k8s.yaml").write_text(
         deploy.k8s_deployment(
-            chosen.params,
+            params,
             name=ctx.sla.name.lower().replace("_", "-").replace(".", "-"),
             served_name=served,
             image=image,
-            gpus=ctx.hardware.gpu_count,
+            gpus=len(slices[0]),
             model_subpath=ctx.model_dir.name,
+            replicas=layout.replicas,
         )
     )
 

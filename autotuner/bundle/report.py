@@ -96,6 +96,7 @@ class Fallback:
 _LATENCY = re.compile(r"^(?P<kind>p\d+(?:\.\d+)?|mean)_(?P<m>ttft|tpot|itl|e2e)_ms$")
 _NAMES = {
     "capacity": "capacity",
+    "capacity_per_gpu": "capacity per GPU",
     "goodput": "goodput",
     "request_rate": "request rate",
     "output_tokens_per_s": "output tokens",
@@ -114,6 +115,8 @@ def metric_unit(name: str) -> str:
         return "GiB"
     if name.endswith("tokens_per_s"):
         return "tok/s"
+    if name == "capacity_per_gpu":
+        return "req/s/GPU"
     if name in ("capacity", "goodput", "request_rate") or name.endswith("_req_per_s"):
         return "req/s"
     return ""
@@ -774,15 +777,15 @@ def latency_breakdown_svg(
         y = panel_top + panel_h
         body += _bar_axis(scale, y)
         y += 42
-    if kernels:
-        from autotuner.bundle.kernel_chart import kernel_panel  # it draws with this module
-
-        panel, y = kernel_panel(kernels, y)
-        body += panel
     if any(p.cache for p in profiles):
         from autotuner.bundle.cache_panel import cache_panel  # it draws with this module
 
         panel, y = cache_panel(profiles, y)
+        body += panel
+    if kernels:
+        from autotuner.bundle.kernel_chart import kernel_panel  # it draws with this module
+
+        panel, y = kernel_panel(kernels, y)
         body += panel
     return _svg(width, y, body, heading)
 

@@ -8,8 +8,10 @@ sized and what a confirmation with one replicate cannot do.
 
 from __future__ import annotations
 
+import json
 import sys
 
+from autotuner.core.errors import BadInput
 from autotuner.measure.levels import resolution_notes
 from autotuner.sla.spec import Sla, SlaError, load_sla
 
@@ -28,7 +30,13 @@ def _report(p: str, sla: Sla) -> None:
         print(f"{p}: warning: {line}", file=sys.stderr)
 
 
-def check_main(paths: list[str]) -> int:
+def check_main(
+    paths: list[str],
+    *,
+    layouts: bool = False,
+    assume_gpu: str | None = None,
+    engine_version: str | None = None,
+) -> int:
     if not paths:
         print("usage: autotuner check SLA_FILE...", file=sys.stderr)
         return 2
@@ -47,4 +55,78 @@ def check_main(paths: list[str]) -> int:
         else:
             print(f"OK {p}")
             _report(p, sla)
+            if layouts:
+                try:
+                    for line in layout_lines(sla, assume_gpu, engine_version):
+                        print(f"{p}: {line}")
+                except BadInput as exc:
+                    ok = False
+                    print(f"{p}: {exc}", file=sys.stderr)
     return 0 if ok else 2
+
+
+def layout_lines(sla: Sla, assume_gpu: str | None, engine_version: str | None) -> list[str]:
+    """The layouts of ``sla``'s study (autotuner.search.layout_plan), as printed lines.
+    Raises BadInput when the plan cannot be made (unknown GPU model, no engine, bad space)."""
+    from autotuner.core import hardware
+    from autotuner.engines import envs, registry
+    from autotuner.models import synth
+    from autotuner.search import layout_plan
+    from autotuner.search.layout import resolve_mode
+    from autotuner.search.space import SpaceError, load_space_for
+
+    adapter = registry.get(sla.engine.kind)
+    if assume_gpu is not None:
+        if sla.target.kind != "gpu":
+            raise BadInput("--assume-gpu needs a GPU target ({gpus: N} or {gpu: [...]})")
+        try:
+            hw = layout_plan.assumed_gpus(assume_gpu, len(sla.target.devices))
+        except KeyError:
+            known = ", ".join(layout_plan.KNOWN_GPUS)
+            raise BadInput(f"unknown GPU model {assume_gpu!r}; known: {known}") from None
+    else:
+        hw = hardware.probe(sla.target)
+    if engine_version is None:
+        try:
+            python, _ = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
+            engine_version = envs.probe_version(python)[1]
+        except (envs.EngineEnvError, OSError) as exc:
+            raise BadInput(f"{exc} (or give --engine-version)") from None
+    if sla.model.synth:
+        model_cfg = synth.ARCHS[sla.model.synth].config()
+    else:
+        assert sla.model.path is not None
+        cfg_path = sla.resolve_path(sla.model.path) / "config.json"
+        try:
+            model_cfg = json.loads(cfg_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"cannot read the model's config {cfg_path}: {exc}") from None
+    try:
+        space = load_space_for(
+            adapter.space_name,
+            engine_version,
+            hw,
+            allow_lossy=sla.search.allow_lossy,
+            overrides=sla.search.params,
+            engine_params=sla.engine.params,
+        )
+    except SpaceError as exc:
+        raise BadInput(str(exc)) from None
+    mode = resolve_mode(sla.search.data_parallel, "data_parallel_size" in adapter.options)
+    limit = next((c.limit for c in sla.constraints if c.metric == "peak_memory_gib"), None)
+    verdicts = layout_plan.plan(
+        space,
+        model_cfg=model_cfg,
+        hardware=hw,
+        engine=adapter,
+        env=sla.engine.env,
+        baseline=sla.search.baseline,
+        mode=mode,
+        memory_limit_gib=limit,
+    )
+    gpu = hw.gpus[0].name if hw.gpus else "CPU"
+    head = (
+        f"layouts on {hw.gpu_count} x {gpu} ({adapter.display_name} {engine_version}, "
+        f"data parallel: {mode}; {sum(v.kept for v in verdicts)} kept of {len(verdicts)})"
+    )
+    return [head, *(f"  {v.line()}" for v in verdicts)]

@@ -90,6 +90,24 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate SLA files without running anything")
     c.add_argument("files", nargs="+")
+    c.add_argument(
+        "--layouts",
+        action="store_true",
+        help="also list the GPU layouts (tensor x data parallel) the study would keep, and "
+        "why the others are dropped (engine rules, memory per GPU); launches nothing",
+    )
+    c.add_argument(
+        "--assume-gpu",
+        metavar="MODEL",
+        help="with --layouts: plan for the target's GPU count of this model (h200, h100, "
+        "a100-80gb, l40s) instead of probing this machine",
+    )
+    c.add_argument(
+        "--engine-version",
+        metavar="VERSION",
+        help="with --layouts: the engine version to plan for (e.g. 0.26.0) instead of probing "
+        "the SLA's engine",
+    )
 
     dr = sub.add_parser(
         "doctor",
@@ -271,7 +289,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         from autotuner.cli.check import check_main
 
-        return check_main(args.files)
+        return check_main(
+            args.files,
+            layouts=args.layouts,
+            assume_gpu=args.assume_gpu,
+            engine_version=args.engine_version,
+        )
     if args.command == "doctor":
         from autotuner.cli.doctor import main_doctor
 

@@ -77,6 +77,14 @@ class Endpoint:
     argv: tuple[str, ...]
     log_path: Path
     startup_s: float
+    # Every server's base URL when the config runs as several engine servers (replicas);
+    # empty: just ``base_url``.
+    replica_urls: tuple[str, ...] = ()
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The base URLs the load generator spreads requests over."""
+        return self.replica_urls or (self.base_url,)
 
 
 # --------------------------------------------------------------------------- one launch
@@ -278,8 +286,10 @@ class DeployRenderer(Protocol):
         model_pvc: str = "models",
         env: Mapping[str, str] | None = None,
         startup_timeout_s: int = 1200,
+        replicas: int = 1,
     ) -> str:
-        """A Kubernetes Deployment and its ClusterIP Service as YAML."""
+        """A Kubernetes Deployment (``replicas`` pods of ``gpus`` GPUs each) and its ClusterIP
+        Service as YAML."""
         ...
 
 
@@ -306,6 +316,9 @@ class EngineAdapter(Protocol):
     env_vars: Mapping[str, EnvRule]
     reserved_env: Mapping[str, str]
     random_weights: Mapping[str, ParamValue]
+    # The environment variable that pins one engine server to CPU cores (a list such as
+    # "0,1"): replicas on a CPU target get disjoint cores. None: the engine has none.
+    cpu_bind_env: str | None
     metrics: MetricNames
     crash_traits: CrashTraits
     env_traits: EnvTraits

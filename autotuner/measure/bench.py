@@ -20,6 +20,7 @@ from autotuner import __version__
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
+from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs, usable_cpus
 from autotuner.measure.conversations import synthetic_traffic
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
@@ -33,6 +34,7 @@ from autotuner.measure.workload import (
 )
 from autotuner.models import synth
 from autotuner.records.bench import BenchResult, VerdictRecord
+from autotuner.search.layout import Layout, resolve_mode
 from autotuner.sla.spec import Sla, context_limit
 
 Say = Callable[[str], None]
@@ -153,18 +155,34 @@ def make_engine(
     """
     if cuda_devices is None and sla.target.kind != "cpu":
         cuda_devices = list(sla.target.devices)
+    adapter = adapter_of(sla)
+    layout = layout_of(sla, params)
     spec = LaunchSpec(
         python=python,
         model=model_dir,
         served_name=sla.model.served_name or sla.model.synth or model_dir.name,
-        params=dict(params),
+        params=layout.engine_params(params),
         log_path=log_path,
         extra_args=tuple(sla.engine.args),
         env=dict(sla.engine.env),
         cuda_devices=None if cuda_devices is None else tuple(cuda_devices),
         startup_timeout_s=sla.engine.startup_timeout_s,
     )
-    return adapter_of(sla).process(spec)
+    if layout.replicas == 1:
+        return adapter.process(rank_binding(spec, layout, adapter.cpu_bind_env, usable_cpus()))
+    return ReplicaSet(
+        [
+            adapter.process(replica)
+            for replica in replica_specs(spec, layout, adapter.cpu_bind_env, usable_cpus())
+        ]
+    )
+
+
+def layout_of(sla: Sla, params: Mapping[str, ParamValue]) -> Layout:
+    """The layout ``params`` take under the SLA's way of running data parallelism (``auto``:
+    the engine's own flag where its adapter knows one, else replicas)."""
+    engine_has_flag = "data_parallel_size" in adapter_of(sla).options
+    return Layout.of(params, resolve_mode(sla.search.data_parallel, engine_has_flag))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ _LATENCY = re.compile(r"^(p(?P<q>\d+(?:\.\d+)?)|mean)_(?P<m>ttft|tpot|itl|e2e)_m
 TABLE_PERCENTILES = (50.0, 90.0, 99.0)
 # Metrics of a launch, not of one load run: ``capacity`` comes from the launch's load levels
 # (autotuner.search.trial), so one run's evaluation leaves it None.
-LAUNCH_METRICS = frozenset({"capacity"})
+LAUNCH_METRICS = frozenset({"capacity", "capacity_per_gpu"})
 
 
 @dataclass(frozen=True)

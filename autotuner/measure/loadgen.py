@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -189,10 +189,13 @@ class Progress:
 class _Run:
     """State of one measured run (records, counters) shared by the request tasks."""
 
-    def __init__(self, base_url: str, model: str, api: Api, timeout_s: float) -> None:
-        self.url = base_url.rstrip("/") + (
-            "/v1/chat/completions" if api == "chat" else "/v1/completions"
-        )
+    def __init__(
+        self, base_url: str | Sequence[str], model: str, api: Api, timeout_s: float
+    ) -> None:
+        path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        bases = [base_url] if isinstance(base_url, str) else list(base_url)
+        # Several servers (engine replicas): request i goes to server i mod n, in turn.
+        self.urls = [b.rstrip("/") + path for b in bases]
         self.model = model
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=30)
         self.records: list[RequestRecord] = []
@@ -268,7 +271,8 @@ class _Run:
         chunks = 0
         usage: dict[str, Any] | None = None
         done = False
-        async with session.post(self.url, json=self.body(spec), timeout=self.timeout) as resp:
+        url = self.urls[index % len(self.urls)]
+        async with session.post(url, json=self.body(spec), timeout=self.timeout) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 raise _HttpError(resp.status, text)
@@ -354,7 +358,7 @@ ProgressFn = Callable[[Progress], None]
 
 
 async def run_load(
-    base_url: str,
+    base_url: str | Sequence[str],
     model: str,
     plan: LoadPlan,
     *,
@@ -363,6 +367,7 @@ async def run_load(
     around: contextlib.AbstractAsyncContextManager[Any] | None = None,
 ) -> LoadResult:
     """Run ``plan`` against the server at ``base_url`` and return every request's record.
+    Given several base URLs (engine replicas), request ``i`` goes to the ``i mod n``-th.
 
     ``around`` (e.g. a :class:`~autotuner.measure.monitor.Monitor`) is entered after the warm-up and
     left when the measured part ends, so what it observes matches the records.
@@ -393,7 +398,9 @@ async def run_load(
     )
 
 
-async def _warmup(session: aiohttp.ClientSession, base_url: str, model: str, plan: LoadPlan) -> int:
+async def _warmup(
+    session: aiohttp.ClientSession, base_url: str | Sequence[str], model: str, plan: LoadPlan
+) -> int:
     if plan.warmup_requests <= 0:
         return 0
     run = _Run(base_url, model, plan.api, plan.request_timeout_s)

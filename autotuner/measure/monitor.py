@@ -104,6 +104,7 @@ class GpuMemory:
         self.engine_peaks: dict[str, int] = {}  # UUID -> peak bytes held by the engine's PIDs
 
     def used_bytes(self, pids: set[int]) -> int:
+        """The engine's memory on the target GPU that holds the most of it."""
         mine: dict[str, int] = {}
         for uuid, handle in self._all.items():
             held = 0
@@ -114,14 +115,16 @@ class GpuMemory:
             mine[uuid] = held
             if held:
                 self.engine_peaks[uuid] = max(self.engine_peaks.get(uuid, 0), held)
-        total = 0
+        # Per GPU, the most any one of them holds: the SLA's memory limit is per GPU, and a
+        # layout over several GPUs holds about the same on each.
+        most = 0
         for uuid in self.targets:
             held = mine[uuid]
             if held == 0:
                 # In a container the driver may not show our PIDs: count the whole device.
                 held = int(self._nvml.nvmlDeviceGetMemoryInfo(self._all[uuid]).used)
-            total += held
-        return total
+            most = max(most, held)
+        return most
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from autotuner.core.types import ParamValue
+from autotuner.search.layout import devices_used
 from autotuner.search.trial import TrialResult
 
 RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
@@ -72,10 +73,6 @@ class LocalExecutor:
         self._queue.clear()
 
 
-def gpus_needed(params: dict[str, ParamValue]) -> int:
-    """GPUs one engine takes: tensor x pipeline parallel size."""
-    n = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        value = params.get(key)
-        n *= int(value) if isinstance(value, int) and value > 0 else 1
-    return n
+def gpus_needed(params: Mapping[str, ParamValue]) -> int:
+    """GPUs one config takes: tensor x pipeline x data parallel size (every replica)."""
+    return devices_used(params)

@@ -58,7 +58,14 @@ __all__ = [
 
 # A first objective that maximises one of these is a throughput (capacity) objective.
 THROUGHPUT_METRICS = frozenset(
-    {"goodput", "request_rate", "output_tokens_per_s", "total_tokens_per_s", "capacity"}
+    {
+        "goodput",
+        "request_rate",
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+        "capacity",
+        "capacity_per_gpu",
+    }
 )
 _LATENCY_RE = re.compile(r"^(?:mean|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2e)_ms$")
 

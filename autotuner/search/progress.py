@@ -37,6 +37,7 @@ __all__ = [
 
 _UNITS = {
     "capacity": "req/s",
+    "capacity_per_gpu": "req/s per GPU",
     "goodput": "req/s",
     "request_rate": "req/s",
     "output_tokens_per_s": "tok/s",

@@ -228,7 +228,15 @@ class SearchSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     allow_lossy: bool = False
+    # How data_parallel_size runs: the engine's own flag, N engine servers on disjoint
+    # devices (replicas), or auto: the flag where the engine version has it
+    # (autotuner.search.layout).
+    data_parallel: Literal["auto", "engine", "replicas"] = "auto"
     params: dict[str, ParamOverride] = Field(default_factory=dict)
+    # Values of searched parameters for the baseline launch, which otherwise leaves every
+    # searched option to the engine: e.g. a layout the model fits in ({tensor_parallel_size:
+    # 4} for a 70B model that one GPU cannot hold).
+    baseline: dict[str, ParamValue] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- file schema
@@ -903,7 +911,12 @@ def _unmet(req: _Requirement, value: ParamValue, ctx: _Context) -> str | None:
     """Why ``value`` can't run on this hardware under ``req``; None when it can (or unknown)."""
     if req.values is not None and not _member(value, req.values):
         return None
-    if req.at_most_gpus and isinstance(value, int) and value > max(ctx.gpu_count, 1):
+    if (
+        req.at_most_gpus
+        and ctx.device == "gpu"
+        and isinstance(value, int)
+        and value > max(ctx.gpu_count, 1)
+    ):
         return f"more than the target's {ctx.gpu_count} GPU(s)"
     if ctx.device == "gpu" and req.compute_capability and ctx.compute_capability is not None:
         need = _parse_cc(req.compute_capability)

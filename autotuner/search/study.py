@@ -313,6 +313,7 @@ def tell_result(
 def _summary_metrics(sla: Sla) -> list[str]:
     names = [
         "capacity",
+        "capacity_per_gpu",
         "goodput",
         "request_rate",
         "output_tokens_per_s",
@@ -500,6 +501,8 @@ class StudyRunner:
                 suggested = dict(self.plan.suggest_warm(trial, again))
             else:
                 suggested = self.suggest(trial)
+        if baseline:  # the engine's defaults, but for what the SLA gives the baseline
+            suggested = dict(self.sla.search.baseline)
         params = {**self.fixed, **suggested}
         key = config_key(params)
         TrialRecord(config_key=key, params_full=params).save(trial.set_user_attr)
@@ -518,6 +521,9 @@ class StudyRunner:
                 return None
         n_done = self.spent() + 1
         role = "baseline (engine defaults)" if baseline else "candidate"
+        if baseline and self.sla.search.baseline:
+            given = ", ".join(f"{k}={v}" for k, v in self.sla.search.baseline.items())
+            role = f"baseline (engine defaults, {given})"
         if warm is not None:
             role += ", warm start"
         tuned = {k: v for k, v in params.items() if k not in self.fixed} or "engine defaults"

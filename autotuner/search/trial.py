@@ -44,6 +44,7 @@ from autotuner.measure.monitor import Monitor
 from autotuner.measure.quantile import Outcome
 from autotuner.measure.workload import Arrival
 from autotuner.records.trial import CapacityRecord, TrialFile, legacy_capacity
+from autotuner.search.layout import CAPACITY_PER_GPU, devices_used
 from autotuner.sla.spec import Sla
 
 Say = Callable[[str], None]
@@ -126,9 +127,11 @@ class TrialResult:
         """A metric as the trial reports it (see the module docstring)."""
         if not self.levels:
             return None
-        if name == "capacity":
+        if name in ("capacity", CAPACITY_PER_GPU):
             cap = self.found_capacity()
-            return None if cap is None else cap.value
+            if cap is None:
+                return None
+            return cap.value if name == "capacity" else cap.value / devices_used(self.params)
         if name == "peak_memory_gib":
             peaks = [v for lv in self.levels if (v := lv.metrics.get(name)) is not None]
             return max(peaks) if peaks else None
@@ -285,7 +288,7 @@ async def _measure_levels(
         again = search.extending and previous is not None
         plan = build_plan(sla, model_dir, _arrival(base, load), level=i, requests=size.requests)
         monitor = Monitor(endpoint.base_url, engine.processes, gpus, metrics=metrics)
-        result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
+        result = await run_load(endpoint.urls, endpoint.model, plan, around=monitor)
         result = LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, monitor.summary()
         )

@@ -53,6 +53,7 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")
 SCALAR_METRICS: frozenset[str] = frozenset(
     {
         "capacity",  # the highest arrival rate (or concurrency) that meets the SLA
+        "capacity_per_gpu",  # capacity / GPUs of the layout (tensor x pipeline x data parallel)
         "goodput",
         "request_rate",
         "output_tokens_per_s",
@@ -359,8 +360,14 @@ class EngineSpec(_Strict):
 # --------------------------------------------------------------------------- target
 
 
+_GPU_KEYS = ("gpu", "gpus")
+MAX_GPUS = 64  # a GPU count beyond any one host
+
+
 class Target(_Strict):
-    """Where the engine runs. YAML: ``cpu``, ``{gpu: 0}``, ``{gpu: "GPU-..."}``, ``{gpu: [0, 1]}``.
+    """Where the engine runs. YAML: ``cpu``, ``{gpu: 0}``, ``{gpu: "GPU-..."}``, ``{gpu: [0, 1]}``;
+    ``gpus`` is the same key (``{gpus: [0, 1]}``) and also takes a count (``{gpus: 4}``: GPUs
+    0 to 3). Every device of the target is leased as a whole, for each trial.
 
     ``devices`` are GPU indices or UUIDs as strings (empty for CPU).
     """
@@ -380,19 +387,29 @@ class Target(_Strict):
         if not data or "kind" in data:  # Target() itself, or the model_dump() form
             return data
         problems: list[tuple[str, KeyPath]] = [
-            (f"unknown key{_suggest(str(k), ['gpu'])}", (str(k),)) for k in data if k != "gpu"
+            (f"unknown key{_suggest(str(k), list(_GPU_KEYS))}", (str(k),))
+            for k in data
+            if k not in _GPU_KEYS
         ]
-        if "gpu" not in data:
-            problems.append(("must be 'cpu' or a mapping like {gpu: 0}", ()))
+        keys = [k for k in _GPU_KEYS if k in data]
+        if len(keys) != 1:
+            problems.append(("must be 'cpu' or a mapping like {gpu: 0} or {gpus: [0, 1]}", ()))
             raise _fail_all(problems)
-        raw = data["gpu"]
+        (key,) = keys
+        raw = data[key]
         items: list[tuple[Any, KeyPath]]
+        if key == "gpus" and isinstance(raw, int) and not isinstance(raw, bool):
+            # A count: the first N GPUs of the host, leased together.
+            if not 1 <= raw <= MAX_GPUS:
+                problems.append((f"a GPU count must be 1 to {MAX_GPUS}, got {raw}", (key,)))
+                raise _fail_all(problems)
+            raw = list(range(raw))
         if isinstance(raw, list):
-            items = [(v, ("gpu", i)) for i, v in enumerate(raw)]
+            items = [(v, (key, i)) for i, v in enumerate(raw)]
             if not raw:
-                problems.append(("list of GPUs must not be empty", ("gpu",)))
+                problems.append(("list of GPUs must not be empty", (key,)))
         else:
-            items = [(raw, ("gpu",))]
+            items = [(raw, (key,))]
         devices: list[str] = []
         for value, at in items:
             dev = _device(value)
@@ -882,6 +899,16 @@ class Sla(_Strict):
         from autotuner.sla import allowed
 
         problems = allowed.search_problems(self.engine.kind, self.search, self.engine.params)
+        for name in self.search.baseline:
+            override = self.search.params.get(name)
+            if override is None or override.fixed is not None or override.exclude:
+                problems.append(
+                    (
+                        f"{name!r} is not searched by this SLA: give it values in "
+                        f"search.params, e.g. {name}: {{values: [...]}}",
+                        ("search", "baseline", name),
+                    )
+                )
         if problems:
             raise _fail_all(problems)
         return self
@@ -1230,8 +1257,6 @@ def _length_problems(sla: Sla, located: Located) -> list[Problem]:
     if w.shared_prefix is not None or w.conversation is not None:
         return _traffic_length_problems(sla, located, limit, prompt, output or 0)
     need = prompt + (output or 0)
-    if need <= limit:
-        return []
     if need <= limit:
         return []
     where: KeyPath = ("workload", "input_tokens")

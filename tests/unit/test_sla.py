@@ -705,7 +705,9 @@ MALFORMED: list[tuple[str, str, str, int | None, str]] = [
         "GPU 0 is listed twice",
     ),
     ("gpu-negative", M + W + "target:\n  gpu: -1\n", "target.gpu", 8, "GPU index"),
-    ("target-typo", M + W + "target:\n  gpus: 0\n", "target.gpus", 8, "did you mean 'gpu'?"),
+    ("target-typo", M + W + "target:\n  gpu_s: 0\n", "target.gpu_s", 8, "did you mean"),
+    ("target-no-gpus", M + W + "target:\n  gpus: 0\n", "target.gpus", 8, "1 to 64, got 0"),
+    ("target-both", M + W + "target: {gpu: 0, gpus: 2}\n", "target", 7, "{gpus: [0, 1]}"),
     ("target-bare-gpu", M + W + "target: gpu\n", "target", 7, "must be 'cpu' or a mapping"),
     ("bad-name", "name: my sla\n" + M + W, "name", 1, "got 'my sla'"),
     ("non-text-key", M + W + "1: 2\n", "1", 7, "keys must be text"),
@@ -794,3 +796,17 @@ def test_a_name_too_long_for_a_file_name_is_refused() -> None:
     with pytest.raises(SlaError) as err:
         parse_sla(text, "long.yaml")
     assert "long.yaml:1: name: must be at most 100 characters, got 101" in str(err.value)
+
+
+def test_a_target_of_several_gpus_as_a_list_or_a_count() -> None:
+    base = M + W
+    listed = parse_sla(base + "target: {gpus: [0, 1]}\n")
+    assert (listed.target.kind, listed.target.devices) == ("gpu", ["0", "1"])
+    counted = parse_sla(base + "target: {gpus: 4}\n")
+    assert counted.target.devices == ["0", "1", "2", "3"]
+    assert counted.target.to_yaml_value() == {"gpu": [0, 1, 2, 3]}
+
+
+def test_capacity_per_gpu_is_an_objective() -> None:
+    sla = parse_sla(M + W + "objectives: [{maximize: capacity_per_gpu}]\n")
+    assert sla.objectives[0].metric == "capacity_per_gpu"

@@ -177,8 +177,11 @@ def test_memory_limit_is_a_hard_constraint_before_launch() -> None:
         memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 160)
         is None
     )
+    # The limit is per GPU: TP=2 at 0.5 takes 78 GiB on each of its GPUs, not 156 together.
     assert (
         memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 100)
-        is not None
+        is None
     )
+    why = memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 70)
+    assert why is not None and "78.0 GiB" in why and "per GPU" in why
     assert memory_limit_reason({}, hw, None) is None

@@ -61,6 +61,7 @@ class VllmAdapter:
     reserved_env: Mapping[str, str] = _options.RESERVED_ENV
     # Architecture-only models (no weights on disk) load random weights.
     random_weights: Mapping[str, ParamValue] = {"load_format": "dummy"}
+    cpu_bind_env: str | None = "VLLM_CPU_OMP_THREADS_BIND"
     metrics = METRICS
     crash_traits = rules.CRASH_TRAITS
     env_traits = ENV_TRAITS

@@ -232,11 +232,14 @@ def k8s_deployment(
     model_pvc: str = "models",
     env: Mapping[str, str] | None = None,
     startup_timeout_s: int = 1200,
+    replicas: int = 1,
 ) -> str:
     """A Kubernetes Deployment and its ClusterIP Service, as two YAML documents.
 
     The model comes read-only from PVC ``model_pvc`` at ``model_subpath``; ``gpus`` is the
-    ``nvidia.com/gpu`` limit (0: a CPU pod, with a CPU image). The pod runs as a non-root user
+    ``nvidia.com/gpu`` limit of one pod (0: a CPU pod, with a CPU image); ``replicas`` pods
+    (a data-parallel layout run as engine replicas) share the Service, which spreads the
+    requests over them. The pod runs as a non-root user
     with a read-only root file system (``/tmp`` and ``/dev/shm`` are emptyDirs), no
     capabilities and no service-account token. A startup probe gives model loading
     ``startup_timeout_s`` before the liveness probe may restart the pod.
@@ -245,6 +248,8 @@ def k8s_deployment(
         raise ValueError(f"{name!r} is not a valid Kubernetes name (lowercase DNS label)")
     if gpus < 0:
         raise ValueError("gpus must be >= 0")
+    if replicas < 1:
+        raise ValueError("replicas must be >= 1")
 
     # Fresh dicts wherever one would repeat: safe_dump turns shared objects into &id anchors.
     def labels() -> dict[str, str]:
@@ -306,7 +311,7 @@ def k8s_deployment(
         "kind": "Deployment",
         "metadata": {"name": name, "labels": labels()},
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             # A rolling update would need a second set of GPUs while the old pod still runs.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
@@ -412,6 +417,7 @@ class VllmDeploy:
         model_pvc: str = "models",
         env: Mapping[str, str] | None = None,
         startup_timeout_s: int = 1200,
+        replicas: int = 1,
     ) -> str:
         return k8s_deployment(
             params,
@@ -423,4 +429,5 @@ class VllmDeploy:
             model_pvc=model_pvc,
             env=env,
             startup_timeout_s=startup_timeout_s,
+            replicas=replicas,
         )

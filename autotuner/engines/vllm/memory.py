@@ -100,6 +100,7 @@ def estimate(
     """
     shape = ModelShape.of(cfg)
     tp = max(1, _as_int(params.get("tensor_parallel_size"), 1))
+    pp = max(1, _as_int(params.get("pipeline_parallel_size"), 1))
     mml = max_model_len or parse_token_count(params.get("max_model_len")) or model_max_len(cfg)
     mml = mml if mml > 0 else model_max_len(cfg)
     cpu = hardware.device == "cpu"
@@ -119,11 +120,16 @@ def estimate(
     if seqs is None:
         seqs = min(default_seqs, tokens)
 
+    # Per GPU (per rank): each rank holds 1/tp of its pipeline stage's 1/pp of the layers;
+    # data-parallel copies each hold their own, so they change nothing here.
     weights = math.ceil(
-        weights_bytes(cfg, params.get("quantization"), dtype=params.get("dtype")) / tp
+        weights_bytes(cfg, params.get("quantization"), dtype=params.get("dtype")) / (tp * pp)
     )
-    per_token = kv_bytes_per_token(
-        cfg, params.get("kv_cache_dtype"), dtype=params.get("dtype"), tensor_parallel_size=tp
+    per_token = math.ceil(
+        kv_bytes_per_token(
+            cfg, params.get("kv_cache_dtype"), dtype=params.get("dtype"), tensor_parallel_size=tp
+        )
+        / pp
     )
     activations = tokens * 2 * (2 * shape.hidden + 3 * shape.intermediate // tp)
     explicit_kv = parse_token_count(params.get("kv_cache_memory_bytes"))
@@ -185,21 +191,18 @@ def estimate(
 
 
 def memory_claim(params: Mapping[str, Any], hardware: HardwareProfile) -> MemoryClaim | None:
-    """GPU memory ``params`` takes at start-up on all its GPUs: ``gpu_memory_utilization`` of
-    each GPU plus :data:`OUTSIDE_POOL_GIB`, times the ranks; None on a CPU target."""
+    """GPU memory ``params`` takes at start-up on each of its GPUs (the SLA's memory limit is
+    per GPU): ``gpu_memory_utilization`` of the GPU plus :data:`OUTSIDE_POOL_GIB`; None on a
+    CPU target."""
     if hardware.device != "gpu":
         return None
     gmu = params.get("gpu_memory_utilization")
     fraction = float(gmu) if isinstance(gmu, int | float) else DEFAULT_GPU_MEMORY_UTILIZATION
-    ranks = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        value = params.get(key)
-        ranks *= int(value) if isinstance(value, int) else 1
     total_gib = hardware.device_memory_total / 2**30
     return MemoryClaim(
-        gib=(fraction * total_gib + OUTSIDE_POOL_GIB) * ranks,
+        gib=fraction * total_gib + OUTSIDE_POOL_GIB,
         how=(
             f"gpu_memory_utilization {fraction:g} of {total_gib:.1f} GiB + "
-            f"{OUTSIDE_POOL_GIB:g} GiB, x {ranks} GPU"
+            f"{OUTSIDE_POOL_GIB:g} GiB, per GPU"
         ),
     )

@@ -10,7 +10,9 @@ vLLM's defaults). The rules, each a small function in :data:`RULES`:
   the CPU engine FP8 KV cache needs AVX-512 or AMX and a head_dim divisible by 32, and FP8
   weight quantization is not available;
 * parallelism: ``tensor_parallel_size`` <= the target's GPUs, dividing the attention heads
-  (and the KV heads, or divisible by them);
+  (and the KV heads, or divisible by them); ``pipeline_parallel_size`` dividing the layers;
+  the whole layout (tensor x pipeline x data parallel) <= the target's GPUs; on a CPU target
+  at most one engine rank per core, and their memory budgets together within the host's;
 * CPU engine: options it ignores (async scheduling, CUDA-graph sizes, interactivity mode) are
   rejected, so that no launch repeats another one;
 * memory: :func:`autotuner.engines.vllm.memory.estimate` says the config does not fit.
@@ -30,11 +32,16 @@ from autotuner.engines.base import CrashTraits
 from autotuner.engines.vllm.defaults import engine_batch_defaults
 from autotuner.engines.vllm.logs import KV_STARVED
 from autotuner.engines.vllm.memory import estimate
+from autotuner.search.layout import Layout
 from autotuner.search.memory import ModelShape, model_max_len, parse_token_count
 
 __all__ = ["CRASH_TRAITS", "RULES", "check"]
 
 Params = Mapping[str, Any]
+
+# On a CPU target every engine rank sizes its KV cache from the same host memory: together
+# they may ask for at most this fraction of it (the rest: the OS, the tuner, the load).
+CPU_SHARED_MEMORY_LIMIT = 0.8
 
 
 @dataclass(frozen=True)
@@ -136,14 +143,26 @@ def _precision(p: Params, ctx: _Ctx) -> list[str]:
 
 
 def _parallel(p: Params, ctx: _Ctx) -> list[str]:
-    tp = parse_token_count(p.get("tensor_parallel_size")) or 1
-    if tp <= 1:
-        return []
+    layout = Layout.of(p)
+    tp, pp = layout.tp, layout.pp
     out = []
     hw = ctx.hardware
+    shape = ModelShape.of(ctx.cfg)
+    if pp > 1 and shape.layers % pp:
+        out.append(
+            f"pipeline_parallel_size {pp} does not divide num_hidden_layers ({shape.layers})"
+        )
+    if hw.device == "gpu" and tp * pp <= hw.gpu_count and layout.devices > hw.gpu_count:
+        out.append(
+            f"layout {layout.describe()} needs {layout.devices} GPUs, "
+            f"the target has {hw.gpu_count}"
+        )
+    if hw.device == "cpu":
+        out += _cpu_layout(layout, p, ctx)
+    if tp <= 1:
+        return out
     if hw.device == "gpu" and tp > hw.gpu_count:
         out.append(f"tensor_parallel_size {tp} > the target's {hw.gpu_count} GPU(s)")
-    shape = ModelShape.of(ctx.cfg)
     if shape.heads % tp:
         out.append(f"tensor_parallel_size {tp} does not divide num_attention_heads ({shape.heads})")
     kv = shape.kv_heads
@@ -151,6 +170,27 @@ def _parallel(p: Params, ctx: _Ctx) -> list[str]:
         out.append(
             f"tensor_parallel_size {tp} and num_key_value_heads ({kv}) must divide one another"
         )
+    return out
+
+
+def _cpu_layout(layout: Layout, p: Params, ctx: _Ctx) -> list[str]:
+    """Engine ranks on a CPU target: each needs its own core(s), and every rank's memory
+    budget comes out of the same host memory."""
+    out = []
+    cores = ctx.hardware.cpu.cores
+    if cores and layout.devices > cores:
+        out.append(
+            f"layout {layout.describe()} runs {layout.devices} engine ranks, "
+            f"the host has {cores} CPU core(s)"
+        )
+    if layout.devices > 1:
+        util = float(p.get("gpu_memory_utilization") or 0.0)
+        if util * layout.devices > CPU_SHARED_MEMORY_LIMIT:
+            out.append(
+                f"{layout.devices} engine ranks x gpu_memory_utilization {util:g} = "
+                f"{util * layout.devices:.2g} of the host memory, more than "
+                f"{CPU_SHARED_MEMORY_LIMIT:g}: the ranks share it"
+            )
     return out
 
 
