@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from autotuner.core.errors import BadInput
 from autotuner.doctor.run import diagnose, render
 from autotuner.engines import envs
 from autotuner.records.doctor import DoctorReport
@@ -19,6 +20,8 @@ from autotuner.sla.spec import load_sla
 
 def main_doctor(sla_path: str | None, engine: str | None, trials_dir: str, as_json: bool) -> int:
     reports: list[DoctorReport]
+    if sla_path is not None and engine is not None:
+        raise BadInput("give an SLA file or --engine, not both (the SLA names its engine)")
     if sla_path is not None:
         sla = load_sla(sla_path)  # SlaError: bad input, exit 2
         reports = [diagnose(sla, subject=sla_path, trials_dir=Path(trials_dir))]

@@ -14,8 +14,9 @@ def _gib(n: int) -> str:
 
 def gpu_findings(scan: GpuScan, *, mem_util: float | None) -> list[Finding]:
     """Findings for a GPU target. ``mem_util`` is the highest ``gpu_memory_utilization`` a
-    launch may ask for (None: the engine default, 0.92): vLLM refuses to start when less than
-    that share of the GPU is free."""
+    launch may ask for (None: not known, e.g. an engine checked without an SLA: the engine
+    default 0.92, and a shortfall is a warning): vLLM refuses to start when less than that share
+    of the GPU is free."""
     if scan.error is not None:
         return [
             Finding(
@@ -57,11 +58,11 @@ def gpu_findings(scan: GpuScan, *, mem_util: float | None) -> list[Finding]:
         )
     )
     for g in scan.gpus:
-        out += _one_gpu(g, 0.92 if mem_util is None else mem_util)
+        out += _one_gpu(g, 0.92 if mem_util is None else mem_util, known=mem_util is not None)
     return out
 
 
-def _one_gpu(g: GpuState, mem_util: float) -> list[Finding]:
+def _one_gpu(g: GpuState, mem_util: float, *, known: bool) -> list[Finding]:
     at = f"gpu{g.index}"
     cc = "sm_?" if g.compute_capability is None else "sm_{}{}".format(*g.compute_capability)
     free = "" if g.memory_free is None else f", {_gib(g.memory_free)} free"
@@ -95,7 +96,7 @@ def _one_gpu(g: GpuState, mem_util: float) -> list[Finding]:
     out.append(_ecc(g, at))
     out.append(_clocks(g, at))
     out.append(_pcie(g, at))
-    out.append(_memory(g, at, mem_util))
+    out.append(_memory(g, at, mem_util, known=known))
     return out
 
 
@@ -156,7 +157,7 @@ def _pcie(g: GpuState, at: str) -> Finding:
     return Finding(check=f"{at}.pcie", status="ok", found=found + note)
 
 
-def _memory(g: GpuState, at: str, mem_util: float) -> Finding:
+def _memory(g: GpuState, at: str, mem_util: float, *, known: bool) -> Finding:
     others = list(g.processes)
     held = sum(p.used_bytes or 0 for p in others)
     who = ", ".join(
@@ -165,7 +166,7 @@ def _memory(g: GpuState, at: str, mem_util: float) -> Finding:
     if g.memory_free is not None and g.memory_free < mem_util * g.memory_total:
         return Finding(
             check=f"{at}.memory",
-            status="fatal",
+            status="fatal" if known else "warning",
             found=f"{_gib(g.memory_free)} free of {_gib(g.memory_total)}, less than "
             f"gpu_memory_utilization {mem_util:g} asks for ({_gib(int(mem_util * g.memory_total))})"
             + (f"; held by {who}" if others else ""),

@@ -102,6 +102,9 @@ def test_memory_held_by_others_below_what_the_engine_asks_is_fatal() -> None:
     assert by_check(gpu_findings(gpus, mem_util=0.9))["gpu0.memory"].status == "fatal"
     # a lower utilisation fits beside it: only a warning
     assert by_check(gpu_findings(gpus, mem_util=0.7))["gpu0.memory"].status == "warning"
+    # an engine checked without an SLA: the default 0.92 may not be what runs
+    unknown = by_check(gpu_findings(gpus, mem_util=None))["gpu0.memory"]
+    assert unknown.status == "warning" and "less than gpu_memory_utilization 0.92" in unknown.found
 
 
 def test_missing_gpu_and_no_driver_are_fatal() -> None:
