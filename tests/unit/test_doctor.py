@@ -5,6 +5,7 @@ host checks, and bad input. The real CPU engine environment: tests/integration/t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -387,3 +388,62 @@ def test_an_invalid_sla_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["doctor", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.yaml" in err and "workload" in err
+
+
+# --------------------------------------------------------------------------- a whole run
+
+
+H200_SMI_ROW = (
+    "0, GPU-8f3c0000-1111-2222-3333-444455556666, NVIDIA H200, 9.0, 143771, 143190, "
+    "580.159.04, Enabled, Enabled, 345, 1980, 1, 5, 16, 16, Disabled, Disabled"
+)
+
+
+def h200_smi(args: Sequence[str]) -> str:
+    """nvidia-smi as the H200 machine answers (driver 580.159.04, CUDA 13.0, idle)."""
+    if tuple(args) == SMI_GPU_ARGV:
+        return H200_SMI_ROW + "\n"
+    if tuple(args) == SMI_APPS_ARGV:
+        return ""
+    return "| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 13.0 |"
+
+
+def test_the_h200_sla_without_pynvml(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole run for objectives/llama3-8b-h200.yaml on what the H200 machine answers:
+    nvidia-smi (no pynvml), vLLM 0.26.0 with torch 2.11.0+cu130."""
+    from autotuner.doctor import run
+
+    python = Path("/opt/vllm/bin/python")
+    monkeypatch.setattr(run.envs, "resolve_python", lambda *a: (python, f"python {python}"))
+    monkeypatch.setattr(run.envs, "probe_version", lambda p: ("vllm", "0.26.0"))
+    asked: list[tuple[Path, bool, Any]] = []
+
+    def probe(p: Path, *, distribution: str, gpu: bool, cuda_devices: Any, **kw: Any) -> Any:
+        asked.append((p, gpu, cuda_devices))
+        return TorchFacts(
+            python="3.12.3",
+            torch="2.11.0+cu130",
+            cuda="13.0",
+            available=True,
+            devices=(("NVIDIA H200", (9, 0)),),
+            arch_list=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+            pins=(("==2.11.0", True),),
+        )
+
+    monkeypatch.setattr(run, "probe_torch", probe)
+    monkeypatch.setattr(run, "scan", lambda devices, **kw: scan(devices, smi=h200_smi))
+    sla = Path(__file__).resolve().parents[2] / "objectives" / "llama3-8b-h200.yaml"
+    code = main(["doctor", str(sla), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == data["exit_code"]
+    found = {f["check"]: f for f in data["findings"]}
+    # the torch probe looked at the target GPU, by UUID
+    assert asked == [(python, True, ["GPU-8f3c0000-1111-2222-3333-444455556666"])]
+    assert not [f for c, f in found.items() if not c.startswith("host") and f["status"] != "ok"]
+    assert "580.159.04, supports CUDA up to 13.0 (read with nvidia-smi)" in found["driver"]["found"]
+    assert found["torch.cuda"]["found"] == "torch's CUDA 13.0 <= the driver's CUDA 13.0"
+    assert "NVIDIA H200 sm_90" in found["torch.gpu"]["found"]
+    assert found["gpu0.memory"]["status"] == "ok"
+    assert data["engine"] == "vllm 0.26.0" and data["target"] == "gpu 0"
