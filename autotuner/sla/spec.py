@@ -580,9 +580,11 @@ class Conversation(_Strict):
 class Workload(_Strict):
     """The load test: what requests look like, how they arrive, and how long it runs.
 
-    With a ``dataset``, a row's own ``output_tokens`` wins, then ``output_tokens`` here, then
-    ``DEFAULT_DATASET_OUTPUT_TOKENS``. The run stops after ``requests`` measured requests or
-    ``duration_s`` seconds, whichever comes first when both are given.
+    With a ``dataset``, a row's own ``output_tokens`` wins, then its reply's length, then
+    ``output_tokens`` here, then ``DEFAULT_DATASET_OUTPUT_TOKENS``. A ``trace`` gives every
+    request's lengths and arrival time (``arrival: {process: trace}``). The run stops after
+    ``requests`` measured requests or ``duration_s`` seconds, whichever comes first when both
+    are given (with a trace and neither: the trace once).
     """
 
     api: Literal["completions", "chat"] = "completions"
