@@ -60,7 +60,7 @@ class Interrupted(AutotunerError):
 EXIT_CODES: dict[int, str] = {
     0: "success (bench: the SLA is met)",
     SlaNotMet.exit_code: "the SLA is not met (engine and model commands: the operation failed; "
-    "compare-engines --fail-on-regression: a regression)",
+    "compare-engines --fail-on-regression: a regression; doctor: warnings)",
     BadInput.exit_code: "bad input",
     EngineStartFailed.exit_code: "the engine failed to start",
     InternalError.exit_code: "internal error (a bug; the traceback is in a file)",
