@@ -139,3 +139,18 @@ def test_pooled_runs_add_requests_and_durations() -> None:
     both = pooled(a, b)
     assert len(both.records) == 6 and both.duration_s == 20.0
     assert [r.ttft_s for r in both.records[:3]] == [0.01] * 3
+
+
+def test_a_met_memory_limit_does_not_set_the_search_margin() -> None:
+    # Measured on an H200: peak memory 124.9 GiB against 130 (margin -4 %) at every rate, p99
+    # TPOT far inside its limit. Memory's margin as the largest made the search probe just
+    # above the low edge (16 req/s) for a crossing near 20.
+    s = parse_sla(sla("p90_ttft_ms: 100, max_gpu_memory_gib: 130"))
+    ok = result([50.0] * 30)
+    ok = LoadResult(ok.plan, ok.records, ok.duration_s, 0, {"peak_memory_bytes": 124.9 * 2**30})
+    j = judge(ok, evaluate(ok, s), s, 0.95)
+    assert j.verdicts["max_gpu_memory_gib"] == "meets"
+    assert j.margin == pytest.approx(-0.5)  # the p90 bound's, not memory's -0.039
+    over = LoadResult(ok.plan, ok.records, ok.duration_s, 0, {"peak_memory_bytes": 132 * 2**30})
+    j = judge(over, evaluate(over, s), s, 0.95)
+    assert j.verdict == "misses" and j.margin == pytest.approx(2 / 130)
