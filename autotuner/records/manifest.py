@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotuner.core.types import ParamValue
 from autotuner.records.base import Record
+from autotuner.records.lossy import LossyTier
 from autotuner.records.trial import CapacityRecord
 
 SCHEMA = "autotuner/optimization_manifest/1"  # the name the manifest carried before records
@@ -201,6 +202,7 @@ class Manifest(Record):
     pareto_front: list[int] = Field(default_factory=list)  # trial numbers, ranked
     provenance: Provenance | None = None
     decisions: Decisions | None = None
+    lossy_tier: LossyTier | None = None  # search.allow_lossy: both winners, gain and price
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 

@@ -28,8 +28,10 @@ from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter
 from autotuner.measure import kernel_profile
 from autotuner.measure.bench import resolve_model
+from autotuner.measure.gate import run_gate
 from autotuner.measure.kernels import KernelBreakdown
 from autotuner.measure.levels import resolution_notes
+from autotuner.measure.quality import GateResult
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
 from autotuner.search import rerun, rules
@@ -354,9 +356,24 @@ def _tune(
                 say=_say,
             )
 
+        def gate_run(
+            baseline: Mapping[str, ParamValue], candidate: Mapping[str, ParamValue], run_dir: Path
+        ) -> GateResult:
+            # On this host, also with --executor ray: two launches, one after the other.
+            return run_gate(
+                sla,
+                python=python,
+                model_dir=model_dir,
+                baseline=baseline,
+                candidate=candidate,
+                run_dir=run_dir,
+                cuda_devices=cuda,
+                say=_say,
+            )
+
         ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
         profiling = profile_run if kernel_profile.enabled(sla) else None
-        return promote(ctx, confirm_run, _say, profiling)
+        return promote(ctx, confirm_run, _say, profiling, gate=gate_run)
     finally:
         if remote is not None:
             remote.close()
