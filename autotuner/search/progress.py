@@ -154,10 +154,24 @@ def defaults_line(study: optuna.Study, resolution: float = 0.03) -> str | None:
         (c for (_, c), (_, r) in zip(launches, records, strict=True) if r.baseline), None
     )
     held = [c for _, c in launches if c > 0]
+    best = best_launch(study)
+    compared = [r for t, r in records if r.baseline or (best is not None and t is best)]
+    widths = [w for r in compared if (w := _bracket_width(r)) is not None]
     return defaults_sentence(
         baseline,
         max(held) if held else None,
         len(launches),
         resolution=resolution,
         unit=_UNITS.get(metric, metric),
+        resolved=max([resolution, *widths]),
     )
+
+
+def _bracket_width(r: TrialRecord) -> float | None:
+    """How wide the launch's capacity bracket stayed, relative to its low edge (None: no
+    bracket, e.g. no level met or none missed)."""
+    cap: Any = getattr(r, "capacity", None)
+    low, high = getattr(cap, "low", None), getattr(cap, "high", None)
+    if not isinstance(low, int | float) or not isinstance(high, int | float) or low <= 0:
+        return None
+    return float(high - low) / float(low)

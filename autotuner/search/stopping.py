@@ -112,12 +112,15 @@ def defaults_sentence(
     resolution: float = 0.03,
     unit: str = "req/s",
     confirmed: bool = False,
+    resolved: float | None = None,
 ) -> str:
     """One sentence on how the engine defaults compare with the best config tried.
 
     ``best`` is the best capacity of all ``configs_tried`` configs (the defaults included);
     ``confirmed`` says whether the figures come from confirmation replicates rather than
-    single search runs, which the sentence then marks.
+    single search runs, which the sentence then marks. ``resolved`` is how finely the two
+    capacities were actually resolved (the wider of their brackets) when that is coarser than
+    ``resolution``: a tie is then only a tie to within it, and the sentence says so.
     """
     if configs_tried < 1:
         raise ValueError(f"configs_tried must be >= 1, got {configs_tried}")
@@ -144,6 +147,13 @@ def defaults_sentence(
         f"the engine defaults are within {shortfall:.1%} of the best of {tried} "
         f"({baseline:.3g} vs {top:.3g} {unit})"
     )
+    coarse = resolved is not None and resolved > resolution * (1 + 1e-9)
+    if coarse and resolved is not None and shortfall <= resolved:
+        return (
+            f"{head}: no config tried measurably beat them, but the capacity brackets stayed "
+            f"up to {resolved:.1%} wide (the level budget ran out before the {resolution:.0%} "
+            f"resolution): a difference below that was not resolved{marker}"
+        )
     if shortfall <= resolution:
         return (
             f"{head}: inside the {resolution:.0%} resolution of the measurement, no config "

@@ -535,3 +535,12 @@ def test_an_interrupted_warm_start_trial_runs_again_as_it_was(
     loop.runner(study, stop=False).loop()
     # Re-queued with exactly its values: the parameters it left to the engine stay there.
     assert loop.launched == [{}, {"max_num_seqs": 64}]
+
+
+def test_bracket_width_of_a_record() -> None:
+    from autotuner.search.progress import _bracket_width
+
+    wide = SimpleNamespace(capacity=SimpleNamespace(low=20.0, high=22.5))
+    assert _bracket_width(wide) == pytest.approx(0.125)  # type: ignore[arg-type]
+    for cap in (None, SimpleNamespace(low=0.0, high=15.0), SimpleNamespace(low=20.0, high=None)):
+        assert _bracket_width(SimpleNamespace(capacity=cap)) is None  # type: ignore[arg-type]

@@ -102,3 +102,15 @@ def test_sentence_edge_cases() -> None:
     assert defaults_sentence(None, None, 2).endswith("none of the 2 configs tried met the SLA")
     with pytest.raises(ValueError):
         defaults_sentence(1.0, 1.0, 0)
+
+
+def test_sentence_says_how_coarse_a_tie_is() -> None:
+    # The H200 equal-memory study: defaults 20.44 [20, 22.5] and the best 20.45 [20, 22.5].
+    s = defaults_sentence(20.44, 20.45, 5, resolved=2.5 / 20)
+    assert "no config tried measurably beat them" in s
+    assert "brackets stayed up to 12.5% wide" in s and "3% resolution" in s
+    assert "inside the 3% resolution" not in s
+    # Brackets within the resolution: the plain sentence.
+    assert "inside the 3% resolution" in defaults_sentence(20.44, 20.45, 5, resolved=0.02)
+    # A gap wider than the brackets is a gap.
+    assert "the best serves" in defaults_sentence(15.0, 20.0, 5, resolved=0.125)
