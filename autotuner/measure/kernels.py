@@ -19,6 +19,7 @@ with only running requests decode, one with both mixed; time outside any annotat
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -120,6 +121,7 @@ class TraceError(ValueError):
     """A trace file that is not a readable profiler trace."""
 
 
+@functools.lru_cache(maxsize=65536)  # a trace repeats a few hundred names many times over
 def classify(name: str) -> str:
     """The kernel class of an event name (``other`` when no rule matches)."""
     for cls, pattern in _RULES:
