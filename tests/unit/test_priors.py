@@ -544,3 +544,11 @@ def test_bracket_width_of_a_record() -> None:
     assert _bracket_width(wide) == pytest.approx(0.125)  # type: ignore[arg-type]
     for cap in (None, SimpleNamespace(low=0.0, high=15.0), SimpleNamespace(low=20.0, high=None)):
         assert _bracket_width(SimpleNamespace(capacity=cap)) is None  # type: ignore[arg-type]
+
+
+def test_the_trial_line_reads_the_ttft_percentile_the_sla_limits(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, budget=1)
+    loop.sla = parse_sla(SLA.replace("{p99_ttft_ms: 100}", "{p90_ttft_ms: 100}"))
+    loop.runner(loop.study(), stop=False).loop()
+    line = next(s for s in loop.said if s.startswith("  -> "))
+    assert "p90 TTFT" in line and "p99 TTFT" not in line
