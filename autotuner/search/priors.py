@@ -50,6 +50,7 @@ __all__ = [
     "Situation",
     "hopeless_reason",
     "measured_from",
+    "memory_fix",
     "sampler_startup",
     "snap",
     "strategy_for",
@@ -287,6 +288,44 @@ def warm_candidates(
                 yield p.name, v, cand
 
 
+def _grid_values(p: ParamSpec) -> list[ParamValue]:
+    """A parameter's listed values: its choices, or its range walked by its step."""
+    if p.choices is not None:
+        return list(p.choices)
+    if p.step is None or p.low is None or p.high is None or p.step <= 0:
+        return []
+    n = math.floor((p.high - p.low) / p.step + 1e-9)
+    if n > 1000:
+        return []
+    cast = int if p.type == "int" else float
+    return [cast(round(p.low + i * p.step, 10)) for i in range(n + 1)]
+
+
+def memory_fix(
+    space: SearchSpace, over: Callable[[Mapping[str, ParamValue]], str | None]
+) -> dict[str, ParamValue]:
+    """When the engine defaults break the SLA's memory limit before any load (``over`` says
+    why a config would, None when it would not), the one setting nearest its default that
+    brings them under it (vLLM: ``gpu_memory_utilization`` 0.92 -> 0.88 on an H200 under a
+    130 GiB limit). The warm start then builds on it instead of on the defaults, whose every
+    variation the memory rule would prune. Empty when the defaults fit or nothing fixes them."""
+    if over({}) is None:
+        return {}
+    for p in space.params:
+        if isinstance(p.default, bool) or not isinstance(p.default, int | float):
+            continue
+        default = float(p.default)
+        passing = [
+            v
+            for v in _grid_values(p)
+            if isinstance(v, int | float) and over({p.name: v}) is None
+        ]
+        if passing:
+            best = min(passing, key=lambda v: (abs(float(v) - default), -float(v)))
+            return {p.name: best}
+    return {}
+
+
 @dataclass
 class SearchPlan:
     """The study loop's view of priors, hopeless values and the warm start.
@@ -300,6 +339,8 @@ class SearchPlan:
     study_dir: Path | None = None
     warm_limit: int = 6
     measured: dict[str, float] | None = None  # None: not looked for yet
+    # What the warm start builds on while no config holds the SLA (see memory_fix).
+    start_from: dict[str, ParamValue] = field(default_factory=dict)
 
     def describe(self) -> list[str]:
         """What the warm start tries and which values are hopeless, for the tune's log."""
@@ -364,7 +405,7 @@ class SearchPlan:
         # One pass: a value a warm-start trial ran (alone or carried along) is not tried again.
         done = {(k, repr(v)) for t in trials if _enqueued(t) for k, v in t.params.items()}
         best = incumbent(study)
-        around = dict(best.params) if best is not None else {}
+        around = dict(best.params) if best is not None else dict(self.start_from)
         for name, value, cand in warm_candidates(self.space, around, self.situation(study)):
             if (name, repr(value)) not in done and config_key({**fixed, **cand}) not in tried:
                 return dict(cand)

@@ -36,7 +36,7 @@ from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
 from autotuner.search import rerun, rules
 from autotuner.search.lock import study_lock
-from autotuner.search.priors import sampler_startup, strategy_for
+from autotuner.search.priors import memory_fix, sampler_startup, strategy_for
 from autotuner.search.progress import defaults_line
 from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
 from autotuner.search.space import ParamValue as SpaceValue
@@ -296,6 +296,15 @@ def _tune(
     plan, stopper = strategy_for(sla, space, study_dir, budget.trials)
     for note in plan.describe() if plan is not None else []:
         _say(f"  {note}")
+    if plan is not None:
+
+        def over(params: Mapping[str, ParamValue]) -> str | None:
+            return memory_limit_reason(params, hw, mem_limit, engine_adapter)
+
+        plan.start_from = memory_fix(space, over)
+        if plan.start_from:
+            fix = ", ".join(f"{k}={v}" for k, v in plan.start_from.items())
+            _say(f"  warm start on {fix}: the engine defaults {over({})}")
     runner = StudyRunner(
         sla,
         study,

@@ -552,3 +552,33 @@ def test_the_trial_line_reads_the_ttft_percentile_the_sla_limits(tmp_path: Path)
     loop.runner(loop.study(), stop=False).loop()
     line = next(s for s in loop.said if s.startswith("  -> "))
     assert "p90 TTFT" in line and "p99 TTFT" not in line
+
+
+def test_the_warm_start_builds_on_a_memory_fix_when_the_defaults_break_the_limit(
+    tmp_path: Path,
+) -> None:
+    from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
+    from autotuner.search.priors import memory_fix
+    from autotuner.search.tune import memory_limit_reason
+
+    # An H200 (140.4 GiB) under a 130 GiB limit: vLLM's default 0.92 claims ~132 GiB.
+    h200 = GpuInfo(0, "GPU-x", "NVIDIA H200", (9, 0), 143771 * 2**20)
+    hw = HardwareProfile("gpu", CpuInfo("x", 16, 16, 2**37, 2**36), (h200,))
+    space = gpu()
+
+    def over(params: Mapping[str, Any]) -> str | None:
+        return memory_limit_reason(params, hw, 130.0)
+
+    assert over({}) is not None
+    fix = memory_fix(space, over)
+    assert fix == {"gpu_memory_utilization": pytest.approx(0.90)}  # the nearest under 130
+    assert over(fix) is None and over({"gpu_memory_utilization": 0.91}) is not None
+    # Defaults that fit need no fix.
+    assert memory_fix(space, lambda p: memory_limit_reason(p, hw, 139.0)) == {}
+
+    # With no config holding the SLA yet, every warm-start candidate carries the fix.
+    plan = SearchPlan(space, parse_sla(SLA), tmp_path, start_from=dict(fix))
+    study = optuna.create_study(storage=storage_url(tmp_path, None), study_name="warm")
+    cand = plan.next_warm(study, {})
+    assert cand is not None and cand["gpu_memory_utilization"] == pytest.approx(0.90)
+    assert len(cand) == 2  # the fix and one prior value
