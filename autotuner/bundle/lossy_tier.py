@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from autotuner.bundle import promote as p
@@ -22,7 +23,8 @@ Tiered = tuple[Decision, list[Replicate], dict[str, Candidate], LossyTier]
 
 def traits(ctx: p.Context) -> SettingTraits:
     """The setting traits of the study's space file (none when it is not known)."""
-    return traits_of(ctx.space.source) if ctx.space.source else NO_TRAITS
+    source = Path(ctx.space.source) if ctx.space.source else None
+    return traits_of(source) if source is not None and source.is_file() else NO_TRAITS
 
 
 def decide(

@@ -29,7 +29,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner import __version__
-from autotuner.bundle import report
+from autotuner.bundle import fallback_roles, lossy_tier, report
 from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
 from autotuner.engines import registry
@@ -324,8 +324,6 @@ def promote(
         manifest = _manifest(ctx, None, nothing, [], ranked, {})
         manifest.write(ctx.study_dir / "no_promotion.json")
         return manifest.to_data()
-    from autotuner.bundle import lossy_tier  # it confirms with this module's confirm()
-
     tiered = lossy_tier.decide(ctx, cands, run, say, gate)
     if tiered is None:
         decision, reps, configs = confirm(ctx, ranked, run, say)
@@ -684,18 +682,20 @@ def _fallbacks(
     base: Candidate | None,
     figures: Figures,
 ) -> list[report.Fallback]:
-    others = [c for c in ranked if c.trial != chosen.trial]
-    if base is not None and base.trial != chosen.trial and base not in others:
-        others.append(base)
+    directions = [o.direction for o in ctx.sla.objectives]
+    feasible = rank([c for c in candidates(ctx.study) if c.feasible], directions)
+    traits = lossy_tier.traits(ctx)
+    picks = fallback_roles.pick(chosen, ranked, feasible, base, traits, ctx.hardware.device)
     promoted = figures.metrics(chosen)
     out = []
-    for i, c in enumerate(others, 1):
+    for i, fallback in enumerate(picks, 1):
+        c = fallback.cand
         mine = figures.metrics(c)
         cost = {}
         for m in SUMMARY:
             a, b = mine.get(m), promoted.get(m)
             cost[m] = (a - b) / b if a is not None and b not in (None, 0) else None
-        what = "baseline (engine defaults)" if c.baseline else f"trial {c.trial} (Pareto point)"
+        what = fallback.title
         change = figures.capacity_change(c, chosen)
         both = _label(c) in figures.replicates and _label(chosen) in figures.replicates
         out.append(
@@ -797,13 +797,19 @@ def write_bundle(
         )
     else:
         where = "no confirmation launch was run: every figure is a single run of the search"
+    fallbacks = _fallbacks(ctx, chosen, ranked, base, figures)
+    traits = lossy_tier.traits(ctx)
+    needs = fallback_roles.hardware_notes(
+        chosen.params, fallbacks, traits, ctx.hardware.device, _unit(sla)
+    )
     (tmp / "fallback_plan.md").write_text(
         report.fallback_plan_md(
             sla.name,
             f"{'baseline (engine defaults)' if chosen.baseline else f'trial {chosen.trial}'}",
             {m: figures.metrics(chosen).get(m) for m in SUMMARY},
-            _fallbacks(ctx, chosen, ranked, base, figures),
+            fallbacks,
             [
+                *needs,
                 reason,
                 where,
                 f"engine: {ctx.engine_version}; hardware: {ctx.hardware.summary().splitlines()[0]}",
@@ -812,9 +818,8 @@ def write_bundle(
         )
     )
     if manifest.lossy_tier is not None:
-        from autotuner.bundle.lossy_tier import lossy_tier_md
-
-        (tmp / "lossy_tier.md").write_text(lossy_tier_md(sla.name, manifest.lossy_tier, _unit(sla)))
+        md = lossy_tier.lossy_tier_md(sla.name, manifest.lossy_tier, _unit(sla))
+        (tmp / "lossy_tier.md").write_text(md)
     _write_deploy(ctx, tmp / "deploy", chosen)
     _swap(tmp, final)
     return final

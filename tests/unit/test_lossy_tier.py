@@ -150,6 +150,16 @@ def test_a_lossy_winner_that_passes_the_gate_is_promoted_and_both_are_shown(
     assert "+50.0 % (means of confirmation replicates)" in md
     assert '`kv_cache_dtype="fp8"`' in md
     assert "| lossless | trial-1 | 20 req/s (mean of 3 replicates) | +100.0 % (better) |" in md
+    # The fallback plan names what to run without fp8 (the CPU engine's fp8 KV cache needs
+    # AVX-512 or AMX) with the capacity the study measured for it: the lossless winner.
+    plan = (ctx.study_dir / "promoted" / "fallback_plan.md").read_text()
+    assert "## 1. trial 1 (no fp8)" in plan
+    assert (
+        "`kv_cache_dtype=fp8` needs a CPU with avx512f or amx_tile: on a device without it run "
+        "fallback 1, trial 1 (no fp8) (`kv_cache_dtype=auto`): capacity 20 req/s (mean of 3 "
+        "replicates), -33.3 % (worse) against the promoted config"
+    ) in plan
+    assert "## 2. baseline (engine defaults)" in plan
     on_disk = json.loads((ctx.study_dir / "promoted" / "optimization_manifest.json").read_text())
     assert on_disk["lossy_tier"]["promoted"] == "lossy"
     assert any(s.startswith("lossy tier: best lossy trial-2") for s in said)
