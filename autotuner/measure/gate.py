@@ -23,6 +23,8 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import EngineLaunchError
 from autotuner.measure.bench import adapter_of, engine_params, make_engine
+from autotuner.measure.datafiles import DataFileError
+from autotuner.measure.datasets import read_dataset
 from autotuner.measure.quality import (
     DUMMY_WEIGHTS,
     Completion,
@@ -33,7 +35,6 @@ from autotuner.measure.quality import (
     judge,
     unmeasurable,
 )
-from autotuner.measure.workload import load_dataset
 from autotuner.models import synth
 from autotuner.sla.quality import QualitySpec
 from autotuner.sla.spec import Sla
@@ -57,10 +58,21 @@ def random_weights(sla: Sla, model_dir: Path, params: Mapping[str, ParamValue]) 
 
 
 def prompts_for(sla: Sla, n: int) -> list[str]:
-    """The dataset's first ``n`` prompts when the workload has a dataset, else built-in."""
-    dataset = getattr(sla.workload, "dataset", None)
-    if isinstance(dataset, str):
-        found = dataset_prompts(load_dataset(sla.resolve_path(dataset)), n)
+    """The dataset's first ``n`` prompts when the workload has a dataset, else built-in
+    (also when the dataset cannot be read here: the gate must not end a finished study)."""
+    w = sla.workload
+    if w.dataset is not None:
+        try:
+            _, rows = read_dataset(sla.resolve_path(w.dataset), w.dataset_format)
+        except (DataFileError, ValueError, OSError):
+            rows = ()
+        records = [
+            {"prompt": r.prompt}
+            if r.prompt is not None
+            else {"messages": [{"role": role, "content": text} for role, text in r.messages]}
+            for r in rows
+        ]
+        found = dataset_prompts(records, n)
         if found:
             return found
     return builtin_prompts(n)

@@ -3,6 +3,7 @@ and the dummy-weights case (nothing launched)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,22 @@ def test_quality_section_defaults_and_bad_values(tmp_path: Path) -> None:
         sla_yaml(tmp_path, {"synth": "tiny-llama"}, quality={"min_token_agreement": 1.5})
     with pytest.raises(SlaError, match=r"quality\.promote_unmeasured"):
         sla_yaml(tmp_path, {"synth": "tiny-llama"}, quality={"promote_unmeasured": "yes"})
+
+
+def test_the_gate_asks_the_workloads_dataset_prompts_else_builtin_ones(tmp_path: Path) -> None:
+    data = tmp_path / "chat.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": f"question {i}"}], "output_tokens": 4}
+        for i in range(3)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    workload = {"dataset": str(data), "arrival": {"process": "poisson", "rate": 1.0}}
+    sla = parse_sla(
+        yaml.safe_dump({"model": {"synth": "tiny-llama"}, "workload": {**workload, "requests": 2}})
+    )
+    assert gate.prompts_for(sla, 2) == ["question 0", "question 1"]
+    assert gate.prompts_for(sla, 5) == ["question 0", "question 1", "question 2"]
+    data.write_text("not json\n")  # changed after the check: the gate still has prompts
+    assert gate.prompts_for(sla, 2) == builtin_prompts(2)
+    plain = sla_yaml(tmp_path, {"synth": "tiny-llama"})
+    assert gate.prompts_for(plain, 3) == builtin_prompts(3)
