@@ -93,6 +93,8 @@ def render(study: optuna.Study, study_dir: Path) -> str:
             data = Manifest.read(manifest)
             tuned = data.promoted.tuned_params if data.promoted else {}
             lines += _confirmation(data)
+            if data.lossy_tier is not None:
+                lines.append(f"lossy tier: {data.lossy_tier.why}")
             lines.append(f"pareto front (ranked): {data.pareto_front}")
             lines.append(f"tuned params: {json.dumps(tuned)}")
             lines.append(f"bundle: {manifest.parent}")

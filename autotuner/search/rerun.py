@@ -48,10 +48,12 @@ def describe(manifest: Manifest, launched: int) -> list[str]:
     assert promoted is not None  # recorded_decision returns only a promotion
     meets = "meets the SLA" if promoted.meets_sla else "does NOT meet the SLA"
     reason = manifest.decision.reason if manifest.decision is not None else ""
+    tier = [] if manifest.lossy_tier is None else [f"lossy tier: {manifest.lossy_tier.why}"]
     return [
         f"study {manifest.study} is finished: {launched} launches counted, decided at "
         f"{manifest.created}; nothing to launch",
         f"promoted {promoted.label}, which {meets}: {reason}",
+        *tier,
         "run with --reconfirm to measure the confirmation again, or --extra-trials N to search "
         "further",
     ]

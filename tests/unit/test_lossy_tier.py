@@ -13,9 +13,12 @@ from typing import Any
 import pytest
 
 from autotuner.bundle.promote import Context, promote
+from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.measure.quality import DUMMY_WEIGHTS, GateResult
+from autotuner.records.manifest import Manifest
 from autotuner.records.trial import CapacityRecord
+from autotuner.search import rerun
 from autotuner.search.confirm import Decision
 from autotuner.search.pareto import Candidate
 from autotuner.search.space import ParamSpec, SearchSpace, spaces_dir
@@ -162,6 +165,10 @@ def test_a_lossy_winner_that_passes_the_gate_is_promoted_and_both_are_shown(
     assert "## 2. baseline (engine defaults)" in plan
     on_disk = json.loads((ctx.study_dir / "promoted" / "optimization_manifest.json").read_text())
     assert on_disk["lossy_tier"]["promoted"] == "lossy"
+    # `autotuner report` and the reprint of a finished study say it too.
+    assert "lossy tier: promoted the lossy winner trial-2" in render(ctx.study, ctx.study_dir)
+    typed = Manifest.read(ctx.study_dir / "promoted" / "optimization_manifest.json")
+    assert any(line.startswith("lossy tier: promoted") for line in rerun.describe(typed, 3))
     assert any(s.startswith("lossy tier: best lossy trial-2") for s in said)
 
 
