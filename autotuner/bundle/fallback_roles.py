@@ -12,6 +12,9 @@ points beside it, and among every feasible config the study measured (best-ranke
   point) still lists one when it measured several;
 - the baseline (engine defaults), last.
 
+Configs with lossy settings are left out: only a promoted config passes the quality gate, so
+no other lossy config is known to keep the SLA's output quality.
+
 :func:`hardware_notes` then says, per hardware-specific setting, which fallback to run
 without it and the capacity the study measured for it, or that none was measured.
 """
@@ -71,9 +74,12 @@ def pick(
         if role not in mine:
             mine.append(role)
 
-    others = [c for c in feasible if c.trial != chosen.trial]
+    others = [
+        c for c in feasible if c.trial != chosen.trial and not traits.lossy_settings(c.params)
+    ]
     for c in front:
-        add(c, "Pareto point")
+        if not traits.lossy_settings(c.params):
+            add(c, "Pareto point")
     needs = traits.hardware_needs(chosen.params, device)
     for name in needs:
         value = chosen.params[name]

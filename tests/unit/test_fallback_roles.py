@@ -53,6 +53,13 @@ def test_a_single_objective_study_lists_its_other_feasible_configs() -> None:
     assert roles(picks) == [(7, ("less memory",)), (6, ("next best",))]
 
 
+def test_lossy_configs_other_than_the_promoted_one_are_no_fallbacks() -> None:
+    chosen = cand(8, {"max_num_seqs": 64}, 50.0)
+    other_fp8 = cand(9, {"kv_cache_dtype": "fp8"}, 30.0)  # less memory, but never gated
+    picks = pick(chosen, [chosen, other_fp8], [chosen, other_fp8, BASE], BASE, TRAITS, "gpu")
+    assert roles(picks) == [(0, ("engine defaults",))]
+
+
 def test_the_baseline_stays_last_with_every_role_it_fills() -> None:
     picks = pick(FP8, [FP8], [FP8, BASE], BASE, TRAITS, "gpu")
     assert roles(picks) == [(0, ("no fp8", "fewer GPUs", "engine defaults"))]

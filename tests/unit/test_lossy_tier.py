@@ -185,6 +185,10 @@ def test_a_gate_that_fails_promotes_the_lossless_winner(tmp_path: Path) -> None:
     tier = manifest["lossy_tier"]
     assert tier["promoted"] == "lossless" and tier["gate"]["verdict"] == "fail"
     assert tier["gain"] == pytest.approx(0.5)  # the price of keeping outputs: shown anyway
+    # The gated-out lossy winner is no fallback: the plan offers the baseline only.
+    plan = (ctx.study_dir / "promoted" / "fallback_plan.md").read_text()
+    assert "## 1. baseline (engine defaults)" in plan and "## 2." not in plan
+    assert "trial 2" not in plan
 
 
 @pytest.mark.parametrize("unmeasured", [False, True])
