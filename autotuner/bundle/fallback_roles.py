@@ -116,12 +116,17 @@ def hardware_notes(
     device: str,
     unit: str,
 ) -> list[str]:
-    """Per hardware-specific setting of the promoted ``params``: which fallback runs without
-    it and what the study measured for it (its capacity and the change)."""
+    """Per hardware-specific or lossy setting of the promoted ``params``: which fallback runs
+    without it and what the study measured for it (its capacity and the change)."""
     out = []
-    for name, need in traits.hardware_needs(params, device).items():
+    needs = traits.hardware_needs(params, device)
+    for name in traits.lossy_settings(params):
+        needs.setdefault(name, "")
+    for name, need in needs.items():
         value = params[name]
-        setting = f"`{name}={value}` needs {need}"
+        setting = f"`{name}={value}` needs {need}" if need else f"`{name}={value}`"
+        if traits.is_lossy(name, value):
+            setting += " and changes outputs" if need else " changes outputs"
         fb = next((f for f in fallbacks if f.params.get(name) != value), None)
         if fb is None:
             default = traits.defaults.get(name)
@@ -140,8 +145,9 @@ def hardware_notes(
             f"{format_change('capacity', fb.cost.get('capacity'))} against the promoted config"
         )
         shown = fb.params.get(name, traits.defaults.get(name))
+        its = f"`{name}={shown}`" if shown is not None else f"`{name}` the engine default"
         out.append(
-            f"{setting}: on a device without it run fallback {fb.rank}, {fb.label} "
-            f"(`{name}={shown}`): {measured}"
+            f"{setting}: on a device without it (or to keep outputs) run fallback {fb.rank}, "
+            f"{fb.label} ({its}): {measured}"
         )
     return out

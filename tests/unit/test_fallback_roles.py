@@ -8,7 +8,7 @@ from typing import Any
 
 from autotuner.bundle.fallback_roles import Pick, hardware_notes, pick
 from autotuner.bundle.report import Fallback
-from autotuner.search.capability import traits_of
+from autotuner.search.capability import SettingTraits, traits_of
 from autotuner.search.pareto import Candidate
 from autotuner.search.space import spaces_dir
 
@@ -82,20 +82,32 @@ def fallback(rank: int, c: Candidate, capacity: float | None) -> Fallback:
 def test_hardware_notes_name_the_fallback_without_fp8_and_its_capacity() -> None:
     notes = hardware_notes(FP8.params, [fallback(1, TP2, 15.0)], TRAITS, "gpu", "req/s")
     assert notes == [
-        "`kv_cache_dtype=fp8` needs compute capability >= 8.9: on a device without it run "
-        "fallback 1, trial 2 (no fp8) (`kv_cache_dtype=auto`): capacity 15 req/s (single "
-        "run), -25.0 % (worse) against the promoted config"
+        "`kv_cache_dtype=fp8` needs compute capability >= 8.9 and changes outputs: on a "
+        "device without it (or to keep outputs) run fallback 1, trial 2 (no fp8) "
+        "(`kv_cache_dtype=auto`): capacity 15 req/s (single run), -25.0 % (worse) against "
+        "the promoted config"
     ]
 
 
 def test_hardware_notes_say_when_no_fallback_without_it_was_measured() -> None:
     notes = hardware_notes({"quantization": "fp8"}, [], TRAITS, "gpu", "req/s")
     assert notes == [
-        "`quantization=fp8` needs compute capability >= 8.9: no config without it was "
+        "`quantization=fp8` needs compute capability >= 8.9 and changes outputs: no config "
+        "without it was "
         "measured in this study; without it, set `quantization` to the engine default "
         "(not measured)"
     ]
     # On a CPU target the CPU's requirement is named instead; settings without one, none.
     cpu = hardware_notes({"kv_cache_dtype": "fp8"}, [], TRAITS, "cpu", "req/s")
-    assert cpu[0].startswith("`kv_cache_dtype=fp8` needs a CPU with avx512f or amx_tile")
+    assert cpu[0].startswith("`kv_cache_dtype=fp8` needs a CPU with avx512f or amx_tile and")
     assert hardware_notes({"max_num_seqs": 8}, [], TRAITS, "gpu", "req/s") == []
+
+
+def test_a_lossy_setting_without_a_hardware_need_is_named_too() -> None:
+    traits = SettingTraits({"speculative": ("ngram",)}, {}, {"speculative": None})
+    chosen = {"speculative": "ngram"}
+    notes = hardware_notes(chosen, [fallback(1, TP1, 18.0)], traits, "gpu", "req/s")
+    assert notes[0].startswith(
+        "`speculative=ngram` changes outputs: on a device without it (or to keep outputs) run "
+        "fallback 1, trial 4 (no fp8) (`speculative` the engine default): capacity 18 req/s"
+    )

@@ -158,9 +158,10 @@ def test_a_lossy_winner_that_passes_the_gate_is_promoted_and_both_are_shown(
     plan = (ctx.study_dir / "promoted" / "fallback_plan.md").read_text()
     assert "## 1. trial 1 (no fp8)" in plan
     assert (
-        "`kv_cache_dtype=fp8` needs a CPU with avx512f or amx_tile: on a device without it run "
-        "fallback 1, trial 1 (no fp8) (`kv_cache_dtype=auto`): capacity 20 req/s (mean of 3 "
-        "replicates), -33.3 % (worse) against the promoted config"
+        "`kv_cache_dtype=fp8` needs a CPU with avx512f or amx_tile and changes outputs: on a "
+        "device without it (or to keep outputs) run fallback 1, trial 1 (no fp8) "
+        "(`kv_cache_dtype=auto`): capacity 20 req/s (mean of 3 replicates), -33.3 % (worse) "
+        "against the promoted config"
     ) in plan
     assert "## 2. baseline (engine defaults)" in plan
     on_disk = json.loads((ctx.study_dir / "promoted" / "optimization_manifest.json").read_text())
