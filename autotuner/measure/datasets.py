@@ -196,14 +196,15 @@ class PreparedDataset:
     records: int
     dropped: int
     max_model_len: int | None
-    rendering: str  # how chat messages became tokens
+    rendering: str  # how chat messages became tokens ("": no chat messages)
 
     def note(self) -> str:
         fit = f" (prompt + output over max_model_len {self.max_model_len})"
+        chat = f"; chat prompts counted {self.rendering}" if self.rendering else ""
         return (
             f"dataset {Path(self.path).name} ({self.format}): {self.records} records, "
-            f"{self.dropped} dropped{fit if self.dropped else ''}, {len(self.prompts)} used; "
-            f"chat prompts counted {self.rendering}"
+            f"{self.dropped} dropped{fit if self.dropped else ''}, {len(self.prompts)} used"
+            f"{chat}"
         )
 
     def describe(self) -> dict[str, Any]:
@@ -323,6 +324,8 @@ def _prepared(
             prompts.append(Prompt(n_in, out, messages=msgs))
         else:
             prompts.append(Prompt(n_in, out, text=text))
+    if kind == "prompts" and api != "chat":
+        rendering = ""  # plain prompts sent as they are
     prepared = PreparedDataset(
         path, kind, tuple(prompts), len(rows), len(rows) - len(prompts), max_model_len, rendering
     )

@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from autotuner.cli.check import check_main
+from autotuner.cli.main import main
 from autotuner.measure import datafiles
+from autotuner.measure.bench import build_plan
 from autotuner.measure.datafiles import DataFileError
 from autotuner.measure.datasets import DatasetReplay, prepare, read_dataset
 from autotuner.measure.replay import trace_deadline
 from autotuner.measure.traces import TraceReplay, read_trace
-from autotuner.measure.workload import LengthDist, PromptSource
+from autotuner.measure.workload import Arrival, LengthDist, PromptSource
 from autotuner.models import synth
-from autotuner.sla.spec import SlaError, parse_sla
+from autotuner.sla.spec import SlaError, load_sla, parse_sla
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "objectives" / "examples"
@@ -373,3 +375,49 @@ def test_check_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
     for sla in ("sharegpt-cpu.yaml", "mooncake-cpu.yaml"):
         code, err = _check(EXAMPLES / sla, capsys)
         assert code == 0, err
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def _sla_file(tmp_path: Path, tiny: Path, workload: str) -> Path:
+    return write(
+        tmp_path / "s.yaml",
+        f"name: s\nmodel: {{path: {tiny}}}\nengine: {{params: {{max_model_len: 1024}}}}\n"
+        f"workload: {workload}\n",
+    )
+
+
+def test_a_trace_plan_replays_the_trace_at_the_level_speed(tmp_path: Path, tiny: Path) -> None:
+    sla = load_sla(
+        _sla_file(
+            tmp_path, tiny, f"{{trace: {EXAMPLES}/azure-trace.csv, arrival: {{process: trace}}}}"
+        )
+    )
+    plan = build_plan(sla, tiny, Arrival("trace", rate=2.0), level=1)
+    trace = read_trace(EXAMPLES / "azure-trace.csv")
+    assert plan.requests == len(trace.records)  # no requests given: the trace once
+    times = [r.time_s / 2 for r in trace.records]
+    assert list(itertools.islice(plan.offsets(), len(times))) == pytest.approx(times)
+    # The deadline covers the replay: the last request leaves at its time / speed.
+    assert plan.hard_deadline() == pytest.approx(times[-1] + sla.workload.request_timeout_s)
+    assert plan.arrival.describe() == "trace at 2x speed"
+    assert [plan.factory.make(i).input_tokens for i in range(3)] == [
+        r.input_tokens for r in trace.records[:3]
+    ]
+
+
+def test_tune_refuses_a_dataset_with_no_prompt_that_fits_before_launching(
+    tmp_path: Path, tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jsonl(tmp_path / "long.jsonl", {"prompt": " ".join(["w"] * 1100)})
+    sla = _sla_file(
+        tmp_path,
+        tiny,
+        "{dataset: long.jsonl, arrival: {process: poisson, rate: 1}, requests: 4}",
+    )
+    trials = tmp_path / "trials"
+    code = main(["tune", str(sla), "--trials-dir", str(trials)])
+    assert code == 2
+    assert "long.jsonl: no prompt fits" in capsys.readouterr().err
+    assert not trials.exists()  # no study, no launch
