@@ -144,3 +144,24 @@ def test_decide_needs_baseline_replicates() -> None:
 def test_spread() -> None:
     assert spread([10.0]) == 0.0
     assert spread([9.0, 11.0]) == pytest.approx(0.2)
+
+
+def test_a_baseline_that_missed_only_memory_is_known_zero_without_a_launch() -> None:
+    from autotuner.search.confirm import fixed_misses, known_zero
+
+    metric_of = {"p99_ttft_ms": "p99_ttft_ms", "max_gpu_memory_gib": "peak_memory_gib"}
+    fixed = {"peak_memory_gib"}
+    # The H200's defaults at gmu 0.92: latency met, memory (132 GiB > 130) missed at every level.
+    memory_only = [{"p99_ttft_ms": "meets", "max_gpu_memory_gib": "misses"}] * 2
+    assert fixed_misses(memory_only, metric_of, fixed) == ["max_gpu_memory_gib"]
+    # Anything load-dependent missed too, a level that met, or no verdicts: launch it.
+    both = [{"p99_ttft_ms": "misses", "max_gpu_memory_gib": "misses"}]
+    assert fixed_misses(both, metric_of, fixed) == []
+    met = [{"p99_ttft_ms": "meets", "max_gpu_memory_gib": "meets"}]
+    assert fixed_misses(met, metric_of, fixed) == []
+    assert fixed_misses([{}], metric_of, fixed) == [] and fixed_misses([], metric_of, fixed) == []
+    # Its replicates are zeros; a candidate that holds the SLA in each is a confirmed win.
+    zeros = known_zero("baseline", 3, "trial-0 (search)")
+    assert [r.capacity for r in zeros] == [0.0] * 3 and not any(r.feasible for r in zeros)
+    d = decide(zeros + reps("trial-11", [15.7, 15.6, 15.8]), ["trial-11"], min_effect=0.05)
+    assert d.promoted == "trial-11" and d.confirmed and d.verdict == "better"
