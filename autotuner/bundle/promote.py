@@ -870,6 +870,15 @@ def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
             )
         )
         docker.chmod(0o755)
+    (out / "compose.yaml").write_text(
+        deploy.compose_file(
+            params,
+            model_dir=str(ctx.model_dir),
+            served_name=served,
+            gpu_slices=slices,
+            image=image,
+        )
+    )
     (out / "k8s.yaml").write_text(
         deploy.k8s_deployment(
             params,

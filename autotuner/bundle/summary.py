@@ -18,6 +18,7 @@ from autotuner.core.errors import AutotunerError
 from autotuner.records.manifest import DecisionRecord, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import placement
+from autotuner.search.layout import devices_used
 from autotuner.search.progress import defaults_line
 from autotuner.search.study import feasible
 
@@ -54,7 +55,8 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     lines.append("objectives: " + ", ".join(f"{d.name.lower()} {m}" for d, m in pairs))
     lines.append("")
     lines.append(
-        f"{'#':>3}  {'role':<9} {'status':<18} {'capacity':>8} {'bracket':>13} {'goodput':>8} "
+        f"{'#':>3}  {'role':<9} {'status':<18} {'capacity':>8} {'bracket':>13} {'per GPU':>8} "
+        f"{'goodput':>8} "
         f"{'p99 TTFT':>9} {'p99 TPOT':>9}  params / reason"
     )
     trials = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
@@ -69,14 +71,16 @@ def render(study: optuna.Study, study_dir: Path) -> str:
         if r.reason and not feasible(t):
             note += f" -- {r.reason}"
         cap = r.capacity.value if r.capacity else r.max_load
+        # Capacity over the GPUs of the config's layout (tensor x pipeline x data parallel).
+        per_gpu = None if cap is None else cap / devices_used(r.params_or(t.params))
         lines.append(
             f"{t.number:>3}  {r.role or '-':<9} {_status(t, r):<18} "
-            f"{_num(cap):>8} {_bracket(r):>13} {_num(m.get('goodput')):>8} "
+            f"{_num(cap):>8} {_bracket(r):>13} {_num(per_gpu):>8} {_num(m.get('goodput')):>8} "
             f"{_num(m.get('p99_ttft_ms'), 0):>9} {_num(m.get('p99_tpot_ms'), 1):>9}  {note}"
         )
     lines.append(
-        "capacity: the highest load meeting the SLA, goodput at capacity (single runs of the "
-        "search); latencies at the SLA's own load"
+        "capacity: the highest load meeting the SLA, per GPU of its layout, goodput at capacity "
+        "(single runs of the search); latencies at the SLA's own load"
     )
     if said := defaults_line(study, _resolution(study_dir)):
         lines.append(f"search: {said}")

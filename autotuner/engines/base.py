@@ -274,6 +274,20 @@ class DeployRenderer(Protocol):
         """A locked-down ``docker run`` script (port published on 127.0.0.1 only)."""
         ...
 
+    def compose_file(
+        self,
+        params: Mapping[str, object],
+        *,
+        model_dir: str,
+        served_name: str,
+        gpu_slices: Sequence[Sequence[str]],
+        image: str,
+        port: int = 8000,
+    ) -> str:
+        """A Docker Compose file, one service per engine server (``gpu_slices``: each one's
+        GPU UUIDs, empty on a CPU target), published on 127.0.0.1 from ``port`` up."""
+        ...
+
     def k8s_deployment(
         self,
         params: Mapping[str, object],

@@ -10,7 +10,7 @@ constraint and report.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -148,23 +148,30 @@ def make_engine(
     params: Mapping[str, ParamValue],
     log_path: Path,
     cuda_devices: list[str] | None = None,
+    *,
+    tuner_args: Sequence[str] = (),
+    tuner_env: Mapping[str, str] | None = None,
 ) -> EngineProcess:
     """The engine process of ``params`` for the SLA's engine kind (not started).
 
-    ``cuda_devices`` None: the SLA's target devices (none on a CPU target).
+    ``cuda_devices`` None: the SLA's target devices (none on a CPU target). ``tuner_args`` and
+    ``tuner_env`` are the tuner's own additions (the engine's profiler), after the SLA's.
     """
     if cuda_devices is None and sla.target.kind != "cpu":
         cuda_devices = list(sla.target.devices)
     adapter = adapter_of(sla)
     layout = layout_of(sla, params)
+    if cuda_devices is not None and layout.replicas == 1 and len(cuda_devices) > layout.devices:
+        # One server sees only the GPUs its layout takes (TP=2 of a 4-GPU target: two).
+        cuda_devices = cuda_devices[: layout.devices]
     spec = LaunchSpec(
         python=python,
         model=model_dir,
         served_name=sla.model.served_name or sla.model.synth or model_dir.name,
         params=layout.engine_params(params),
         log_path=log_path,
-        extra_args=tuple(sla.engine.args),
-        env=dict(sla.engine.env),
+        extra_args=(*sla.engine.args, *tuner_args),
+        env={**sla.engine.env, **(tuner_env or {})},
         cuda_devices=None if cuda_devices is None else tuple(cuda_devices),
         startup_timeout_s=sla.engine.startup_timeout_s,
     )

@@ -96,14 +96,15 @@ class Layout:
             )
         return [list(devices[i * per : (i + 1) * per]) for i in range(self.replicas)]
 
-    def describe(self) -> str:
-        """``TP=2 x DP=2 (4 GPUs, 2 replicas)``."""
+    def describe(self, unit: str = "GPU") -> str:
+        """``TP=2 x DP=2 (4 GPUs, 2 replicas)``; ``unit`` names the devices (on a CPU target:
+        engine ranks)."""
         parts = [f"TP={self.tp}"]
         if self.pp > 1:
             parts.append(f"PP={self.pp}")
         parts.append(f"DP={self.dp}")
         how = f", {self.dp} replicas" if self.replicas > 1 else ""
-        return f"{' x '.join(parts)} ({self.devices} GPU{'s' if self.devices > 1 else ''}{how})"
+        return f"{' x '.join(parts)} ({self.devices} {unit}{'s' if self.devices > 1 else ''}{how})"
 
 
 def devices_used(params: Mapping[str, ParamValue]) -> int:

@@ -185,3 +185,16 @@ def test_memory_limit_is_a_hard_constraint_before_launch() -> None:
     why = memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 70)
     assert why is not None and "78.0 GiB" in why and "per GPU" in why
     assert memory_limit_reason({}, hw, None) is None
+
+
+def test_the_sla_gives_the_baseline_its_layout(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [4, 8], budget=2)
+    h.sla = parse_sla(
+        SLA + "search: {params: {max_num_seqs: {values: [4, 8]}}, baseline: {max_num_seqs: 8}}\n"
+    )
+    study = h.study()
+    h.runner(study).loop()
+    # The engine defaults but for what search.baseline sets; a candidate equal to it reuses it.
+    assert h.launched[0] == {**FIXED, "max_num_seqs": 8}
+    assert study.trials[0].user_attrs["role"] == "baseline"
+    assert 8 not in [p.get("max_num_seqs") for p in h.launched[1:]]

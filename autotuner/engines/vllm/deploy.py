@@ -221,6 +221,64 @@ def docker_run(
     return bash_script(lines, comments, pass_args=False)
 
 
+def compose_file(
+    params: Mapping[str, object],
+    *,
+    model_dir: str,
+    served_name: str,
+    gpu_slices: Sequence[Sequence[str]],
+    image: str,
+    port: int = 8000,
+    shm_size: str = "16g",
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """A Docker Compose file with one service per engine server of the layout: ``replica-N``
+    on GPUs ``gpu_slices[N]`` (pinned by UUID; empty: a CPU run), published on 127.0.0.1 at
+    ``port + N``; locked down like :func:`docker_run`. A client (or a proxy) spreads the
+    requests over the ports."""
+    if ":" in model_dir:
+        raise ValueError(f"model directory {model_dir!r} contains ':' (docker cannot mount it)")
+    if not gpu_slices:
+        raise ValueError("a compose file needs at least one server")
+    command = [
+        "--model",
+        CONTAINER_MODEL_DIR,
+        "--served-model-name",
+        served_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(CONTAINER_PORT),
+        *params_to_args(engine_params(params)),
+    ]
+    services: dict[str, Any] = {}
+    for i, gpus in enumerate(gpu_slices):
+        for uuid in gpus:
+            if not uuid.startswith(("GPU-", "MIG-")):
+                raise ValueError(f"{uuid!r} is not a GPU UUID (GPU-... or MIG-...)")
+        service: dict[str, Any] = {
+            "image": image,
+            "command": list(command),
+            "user": f"{NON_ROOT_UID}:{NON_ROOT_UID}",
+            "cap_drop": ["ALL"],
+            **({} if gpus else {"cap_add": ["SYS_NICE"]}),
+            "security_opt": ["no-new-privileges"],
+            "shm_size": shm_size,
+            "ports": [f"127.0.0.1:{port + i}:{CONTAINER_PORT}"],
+            "volumes": [f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"],
+            "environment": {"HOME": "/tmp", "HF_HUB_OFFLINE": "1", **(env or {})},
+        }
+        if gpus:
+            device = {"driver": "nvidia", "device_ids": list(gpus), "capabilities": ["gpu"]}
+            service["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
+        services[f"replica-{i}"] = service
+    head = (
+        f"# {len(gpu_slices)} server(s) of {served_name!r}: http://127.0.0.1:{port}"
+        f"{f'-{port + len(gpu_slices) - 1}' if len(gpu_slices) > 1 else ''}/v1 (OpenAI API)\n"
+    )
+    return head + yaml.safe_dump({"services": services}, sort_keys=False)
+
+
 def k8s_deployment(
     params: Mapping[str, object],
     *,
@@ -403,6 +461,25 @@ class VllmDeploy:
             port=port,
             shm_size=shm_size,
             env=env,
+        )
+
+    def compose_file(
+        self,
+        params: Mapping[str, object],
+        *,
+        model_dir: str,
+        served_name: str,
+        gpu_slices: Sequence[Sequence[str]],
+        image: str,
+        port: int = 8000,
+    ) -> str:
+        return compose_file(
+            params,
+            model_dir=model_dir,
+            served_name=served_name,
+            gpu_slices=gpu_slices,
+            image=image,
+            port=port,
         )
 
     def k8s_deployment(

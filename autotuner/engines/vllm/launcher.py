@@ -74,6 +74,9 @@ class VllmEngine(ServerProcess):
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # Every log line reaches engine.log when written: a stopped server's last lines (its
+        # access log, a traceback) would otherwise die in a block buffer.
+        env["PYTHONUNBUFFERED"] = "1"
         env.update({k: v for k, v in self.env.items() if k not in RESERVED_ENV})
         # What the tuner owns comes last, so that nothing the SLA sets can override it.
         env.pop(PYTHON_VAR, None)

@@ -154,8 +154,7 @@ def _parallel(p: Params, ctx: _Ctx) -> list[str]:
         )
     if hw.device == "gpu" and tp * pp <= hw.gpu_count and layout.devices > hw.gpu_count:
         out.append(
-            f"layout {layout.describe()} needs {layout.devices} GPUs, "
-            f"the target has {hw.gpu_count}"
+            f"layout {layout.describe()} needs {layout.devices} GPUs, the target has {hw.gpu_count}"
         )
     if hw.device == "cpu":
         out += _cpu_layout(layout, p, ctx)
@@ -180,7 +179,7 @@ def _cpu_layout(layout: Layout, p: Params, ctx: _Ctx) -> list[str]:
     cores = ctx.hardware.cpu.cores
     if cores and layout.devices > cores:
         out.append(
-            f"layout {layout.describe()} runs {layout.devices} engine ranks, "
+            f"layout {layout.describe('rank')} runs {layout.devices} engine ranks, "
             f"the host has {cores} CPU core(s)"
         )
     if layout.devices > 1:
