@@ -37,6 +37,7 @@ from autotuner.engines.base import DeployRenderer
 from autotuner.measure.bench import layout_of
 from autotuner.measure.kernel_profile import ProfileFailed
 from autotuner.measure.kernels import KernelBreakdown, breakdown_csv
+from autotuner.measure.levels import LOAD_INDEPENDENT
 from autotuner.records.manifest import (
     Confirmation,
     DecisionRecord,
@@ -63,7 +64,9 @@ from autotuner.search.confirm import (
     Replicate,
     decide,
     decide_without_baseline,
+    fixed_misses,
     interleaved_order,
+    known_zero,
     not_confirmed,
 )
 from autotuner.search.layout import CAPACITY_PER_GPU, per_gpu_replicate, per_gpu_scale
@@ -200,8 +203,16 @@ def confirm(
         return not_confirmed(why), [], configs
     say(selection.reason)
     chosen = {name: configs[name] for name in selection.labels}
-    chosen["baseline"] = base
+    fixed = _fixed_miss(ctx, base)
+    if not fixed:
+        chosen["baseline"] = base
     reps = _replicates(ctx, chosen, claims, spec.replicates, run, say)
+    if fixed:
+        say(
+            f"baseline not launched again: in the search it missed {', '.join(fixed)} at every "
+            "level, which no load changes (capacity 0 in every replicate)"
+        )
+        reps += known_zero("baseline", spec.replicates, f"trial-{base.trial} (search)")
     decision = decide(
         [per_gpu_replicate(r, scale[r.config]) for r in reps],
         list(selection.labels),
@@ -210,6 +221,18 @@ def confirm(
         resolution=resolution,
     )
     return decision, reps, configs
+
+
+def _fixed_miss(ctx: Context, base: Candidate) -> list[str]:
+    """The limits the baseline missed in the search that no load changes (see
+    :func:`autotuner.search.confirm.fixed_misses`); [] when it must be launched again."""
+    if base.feasible:
+        return []
+    trial = _trial_file(ctx, base.trial)
+    if trial is None:
+        return []
+    metric_of = {c.key: c.metric for c in ctx.sla.constraints}
+    return fixed_misses([lv.verdicts for lv in trial.levels], metric_of, LOAD_INDEPENDENT)
 
 
 def _scaled(value: float | None, scale: float) -> float | None:

@@ -147,9 +147,10 @@ def _space() -> SearchSpace:
     return SearchSpace("vllm", "0.32.0", "cpu", [seqs], dict(FIXED), source="unit")
 
 
-def _study(tmp_path: Path, sc: Scenario) -> Context:
+def _study(tmp_path: Path, sc: Scenario, sla_text: str = SLA) -> Context:
     """Run the study loop over the synthetic launches; return promotion's context."""
-    sla = parse_sla(SLA.replace("LIMIT", str(sc.limit)).replace("REPLICATES", str(sc.replicates)))
+    text = sla_text.replace("LIMIT", str(sc.limit)).replace("REPLICATES", str(sc.replicates))
+    sla = parse_sla(text)
     study_dir = tmp_path / sla.name
     url = storage_url(study_dir, None)
     study = open_study(sla, url, make_sampler("random", 10, 2, 0), {"engine": ENGINE})
@@ -405,3 +406,35 @@ def test_a_replicate_that_reached_no_met_level_is_unknown_not_a_miss() -> None:
     missed = cap.model_copy(update={"stopped_by": "infeasible_at_start"})
     rep = _replicate("baseline", 0, dataclasses.replace(res, capacity=missed), "d")
     assert rep.capacity == 0.0 and not rep.feasible
+
+
+def test_a_baseline_that_missed_only_memory_is_not_launched_again(tmp_path: Path) -> None:
+    # The H200's defaults (gmu 0.92: 132 GiB against 130) met every latency limit and missed
+    # memory, which no load changes: confirmation launches only the candidate.
+    sc = Scenario(confirm={32: [30.0, 31.0, 29.0]})  # no entry for the baseline's 16 seqs
+    measure = sc.search
+
+    def search(params: Mapping[str, Any], trial_dir: Path) -> TrialResult:
+        res = measure(params, trial_dir)
+        if "max_num_seqs" in params or res.status == "failed":
+            return res
+        verdicts = {"p99_ttft_ms": "meets", "max_gpu_memory_gib": "misses"}
+        level = dataclasses.replace(
+            res.levels[0], feasible=False, verdict="misses", verdicts=verdicts
+        )
+        out = dataclasses.replace(
+            res, status="stopped_early", levels=(level,), best=None, reason="misses memory"
+        )
+        out.write(trial_dir / "trial.json")
+        return out
+
+    sc.search = search  # type: ignore[method-assign]
+    with_memory = SLA.replace("{p99_ttft_ms: LIMIT}", "{p99_ttft_ms: LIMIT, max_gpu_memory_gib: 8}")
+    ctx = _study(tmp_path, sc, with_memory)
+    said: list[str] = []
+    manifest = promote(ctx, sc.confirm_run, said.append)
+    assert [_seqs(p) for p, _, _ in sc.confirm_calls] == [32, 32, 32]
+    assert any("baseline not launched again" in s and "max_gpu_memory_gib" in s for s in said)
+    decision = manifest["decision"]
+    assert decision["promoted"] == "trial-4" and decision["confirmed"]
+    assert decision["verdict"] == "better"
