@@ -1,0 +1,135 @@
+"""A timed trace and a dataset replayed on a real vLLM (CPU build) serving the tiny model.
+
+One launch: two load levels of a Mooncake trace at two replay speeds (as a capacity search on
+a trace loads the engine), then a ShareGPT dataset over the chat API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autotuner.engines.vllm.launcher import VllmEngine
+from autotuner.engines.vllm.metrics import METRICS
+from autotuner.measure.bench import build_plan
+from autotuner.measure.loadgen import LoadPlan, LoadResult, run_load
+from autotuner.measure.monitor import Monitor
+from autotuner.measure.traces import TraceRecord, read_trace
+from autotuner.measure.workload import Arrival
+from autotuner.sla.spec import Sla, load_sla
+
+from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "objectives" / "examples"
+PARAMS = {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 1024}
+
+
+def _sla(tmp_path: Path, name: str, workload: dict[str, Any]) -> Sla:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cpu_sla(name, workload, params={"max_model_len": 1024})))
+    return load_sla(path)
+
+
+def _shared_tokens(records: list[TraceRecord], block: int) -> int:
+    """Prompt tokens an earlier request of the same pass already sent: an upper bound on the
+    prefix cache's hits (the rest of every prompt is random)."""
+    total = 0
+    for i, a in enumerate(records):
+        best = 0
+        for b in records[:i]:
+            k = 0
+            while k < min(len(a.hash_ids), len(b.hash_ids)) and a.hash_ids[k] == b.hash_ids[k]:
+                k += 1
+            best = max(best, min(k * block, a.input_tokens, b.input_tokens))
+        total += best
+    return total
+
+
+def test_a_trace_and_a_dataset_replayed_on_one_engine(
+    vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path
+) -> None:
+    trace_file = EXAMPLES / "mooncake-trace.jsonl"
+    # 30 requests: the 24-record trace wraps once per level (a p90 level needs 29).
+    trace_sla = _sla(
+        tmp_path,
+        "tr",
+        {"trace": str(trace_file), "arrival": {"process": "trace"}, "requests": 30},
+    )
+    data_sla = _sla(
+        tmp_path,
+        "ds",
+        {
+            "api": "chat",
+            "dataset": str(EXAMPLES / "sharegpt.json"),
+            "arrival": {"process": "poisson", "rate": 4.0},
+            "requests": 16,
+            "seed": 3,
+        },
+    )
+    engine = VllmEngine(
+        python=vllm_python,
+        model=tiny_model,
+        served_name="tiny",
+        params=PARAMS,
+        extra_args=[],
+        env={TAG_VAR: tag},
+        cuda_devices=None,
+        log_path=tmp_path / "engine.log",
+    )
+    speeds = (0.5, 0.75)
+
+    async def scenario() -> tuple[list[tuple[LoadPlan, LoadResult]], LoadPlan, LoadResult]:
+        endpoint = await engine.launch()
+        try:
+            levels = []
+            for level, speed in enumerate(speeds):
+                plan = build_plan(trace_sla, tiny_model, Arrival("trace", rate=speed), level)
+                monitor = Monitor(endpoint.base_url, engine.processes, None, metrics=METRICS)
+                result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
+                seen = monitor.summary()
+                levels.append((plan, LoadResult(result.plan, result.records, 0.0, 0, seen)))
+            plan = build_plan(data_sla, tiny_model)
+            return levels, plan, await run_load(endpoint.base_url, endpoint.model, plan)
+        finally:
+            await engine.stop()
+
+    try:
+        levels, data_plan, data = asyncio.run(scenario())
+    finally:
+        assert_no_leftovers(tag)
+
+    trace = read_trace(trace_file)
+    n = len(trace.records)
+    for speed, (_, result) in zip(speeds, levels, strict=True):
+        recs = result.records
+        assert len(recs) == 30 and not result.failed, result.errors()
+        assert result.plan["replay"]["format"] == "mooncake"
+        sent = [trace.records[k % n] for k in range(30)]
+        # Exact prompt lengths as the engine counted them, the trace's output lengths.
+        assert [r.prompt_tokens for r in recs] == [t.input_tokens for t in sent]
+        assert [r.output_tokens for r in recs] == [t.output_tokens for t in sent]
+        # Sent at the trace's times divided by the speed (the second pass after its span).
+        scheduled = [r.sent_s - r.lag_s for r in recs]
+        want = [(k // n * trace.span_s + trace.records[k % n].time_s) / speed for k in range(30)]
+        assert scheduled == pytest.approx(want, abs=0.05)
+        # Requests naming the same hash ids share those blocks in the engine's prefix cache,
+        # and only within their own pass and level: the bound counts nothing across them.
+        hits = result.monitor["engine"]["prefix_cache_hits"]
+        bound = _shared_tokens(sent[:n], trace.block_tokens) + _shared_tokens(
+            sent[n:], trace.block_tokens
+        )
+        assert 0.3 * bound <= hits <= bound, (speed, hits, bound)
+
+    # The dataset: the conversation longer than the context dropped, every prompt counted by
+    # the engine exactly as the tuner counted it through the chat template.
+    assert data.plan["replay"]["dropped"] == 1 and data.plan["replay"]["used"] == 12
+    assert len(data.records) == 16 and not data.failed, data.errors()
+    expected = [data_plan.factory.make(i).input_tokens for i in range(16)]
+    assert [r.prompt_tokens for r in data.records] == expected
+    assert len(set(expected)) > 5  # different conversations, not one repeated
