@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotuner.bundle import promote as p
-from autotuner.measure.quality import GateResult
+from autotuner.measure.quality import GateResult, unmeasurable
 from autotuner.records.lossy import LossyTier, TierWinner
 from autotuner.search.capability import NO_TRAITS, SettingTraits, traits_of
 from autotuner.search.confirm import Decision, Replicate
@@ -53,9 +53,12 @@ def decide(
     decision, reps, configs = p.confirm(ctx, pool, run, say, limit=limit)
     gate: GateResult | None = None
     if gate_due(decision, label(lossy)) and gate_run is not None:
-        base = configs.get("baseline") or lossless or lossy
-        say(f"quality gate: {label(lossy)} against the lossless {label(base)}")
-        gate = gate_run(base.params, lossy.params, ctx.study_dir / "quality" / label(lossy))
+        base = configs.get("baseline") or lossless
+        if base is None:
+            gate = unmeasurable("no lossless config to compare with", ctx.sla.quality.limits)
+        else:
+            say(f"quality gate: {label(lossy)} against the lossless {label(base)}")
+            gate = gate_run(base.params, lossy.params, ctx.study_dir / "quality" / label(lossy))
     settled = settle(
         decision,
         lossy_label=label(lossy),

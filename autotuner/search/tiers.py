@@ -85,8 +85,10 @@ def settle(
         return replace(decision, reason=f"{decision.reason}; quality gate {said}{extra}")
     why = f"the lossy winner {lossy_label} is not promoted: quality gate {said}"
     cmp: Mapping[str, Any] = decision.comparisons.get(lossless_label or "") or {}
+    # Better than the baseline, or nothing compared it with one (no confirmation ran, or the
+    # baseline could not be measured): then it is the best config that keeps outputs.
     lossless_ok = lossless_label not in (None, "baseline") and (
-        cmp.get("verdict") == "better" or not decision.confirmed
+        cmp.get("verdict") == "better" or not decision.confirmed or not decision.comparisons
     )
     if lossless_label is not None and lossless_ok:
         return replace(

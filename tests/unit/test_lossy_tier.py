@@ -63,8 +63,14 @@ class Scenario:
     calls: list[str] = field(default_factory=list)
     gate_calls: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
 
+    baseline_fails: bool = False
+
     def search(self, params: Mapping[str, Any], trial_dir: Path) -> TrialResult:
         trial_dir.mkdir(parents=True, exist_ok=True)
+        if self.baseline_fails and kind(params) == "baseline":
+            failed = TrialResult(dict(params), "failed", "rate", reason="x", cause="other")
+            failed.write(trial_dir / "trial.json")
+            return failed
         top = SEARCH[kind(params)]
         cap = CapacityRecord(value=top, low=top, high=top * 1.02, unit="req/s", stopped_by="x")
         levels = (level(1.0, True), level(top, True))
@@ -231,6 +237,19 @@ def test_a_lossy_winner_no_better_than_the_baseline_is_reported_without_a_gate(
     assert tier["gate"] is None and "was not promoted by capacity" in tier["why"]
     md = (ctx.study_dir / "promoted" / "lossy_tier.md").read_text()
     assert "**Quality gate**: not run" in md
+
+
+def test_without_a_measured_baseline_the_gate_compares_with_the_lossless_winner(
+    tmp_path: Path,
+) -> None:
+    failing = GateResult("fail", "token agreement 80.0% < 95.0%", prompts=16, positions=50)
+    sc = Scenario(CONFIRM, gate=failing, baseline_fails=True)
+    ctx = study(tmp_path, sc)
+    manifest = promote(ctx, sc.confirm_run, lambda s: None, gate=sc.gate_run)
+    assert sc.gate_calls == [({**FIXED, **LOSSLESS}, {**FIXED, **LOSSY})]
+    # Gated out, and no baseline to fall back to: the lossless winner, not nothing.
+    assert manifest["promoted"]["params"] == {**FIXED, **LOSSLESS}
+    assert manifest["lossy_tier"]["promoted"] == "lossless"
 
 
 def test_without_allow_lossy_there_is_no_tier(tmp_path: Path) -> None:
