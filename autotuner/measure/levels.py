@@ -93,6 +93,15 @@ def resolution_notes(sla: Sla) -> tuple[list[str], list[str]]:
         notes.append(
             f"{what}: levels send {size.requests} instead of workload.requests {w.requests}"
         )
+    if w.trace is not None and w.requests is None and w.duration_s is None:
+        from autotuner.measure.traces import read_trace
+
+        trace = read_trace(sla.resolve_path(w.trace), w.trace_format, w.trace_block_tokens)
+        if len(trace.records) < size.needed:
+            warnings.append(
+                f"{what}, but a level replays the trace's {len(trace.records)} records once: "
+                f"set workload.requests to {size.needed} or more (the trace repeats)"
+            )
     rate = getattr(w.arrival, "rate", None)
     if w.duration_s is not None and rate is not None:
         expected = math.floor(rate * w.duration_s)

@@ -421,3 +421,18 @@ def test_tune_refuses_a_dataset_with_no_prompt_that_fits_before_launching(
     assert code == 2
     assert "long.jsonl: no prompt fits" in capsys.readouterr().err
     assert not trials.exists()  # no study, no launch
+
+
+def test_check_warns_when_a_trace_is_too_short_for_the_percentile(
+    tmp_path: Path, tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = f"{EXAMPLES}/mooncake-trace.jsonl"
+    sla = _sla_file(tmp_path, tiny, f"{{trace: {trace}, arrival: {{process: trace}}}}")
+    sla.write_text(sla.read_text() + "constraints: {p90_ttft_ms: 1000}\n")
+    assert check_main([str(sla)]) == 0
+    assert "replays the trace's 24 records once: set workload.requests to 29" in (
+        capsys.readouterr().err
+    )
+    sla.write_text(sla.read_text().replace("process: trace}", "process: trace}, requests: 29"))
+    assert check_main([str(sla)]) == 0
+    assert "warning" not in capsys.readouterr().err
