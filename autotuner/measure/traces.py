@@ -25,7 +25,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,7 +189,8 @@ def _timestamp(cell: str) -> float:
     if m is None:
         raise ValueError(f"TIMESTAMP must be a date-time or seconds, got {shown(text)}")
     try:
-        stamp = datetime.fromisoformat(m[1].replace("T", " "))
+        # As UTC: only differences count, and local time would jump at a DST change.
+        stamp = datetime.fromisoformat(m[1].replace("T", " ")).replace(tzinfo=UTC)
     except ValueError:
         raise ValueError(f"TIMESTAMP is not a valid date-time: {shown(text)}") from None
     return stamp.timestamp() + (float("0" + m[2]) if m[2] else 0.0)
