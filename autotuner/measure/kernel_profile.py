@@ -24,8 +24,8 @@ import aiohttp
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
-from autotuner.engines.base import EngineLaunchError, LaunchSpec, ProfilerSetup
-from autotuner.measure.bench import adapter_of, arrival_of, build_plan
+from autotuner.engines.base import EngineLaunchError, ProfilerSetup
+from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
 from autotuner.measure.kernels import KernelBreakdown, TraceError, aggregate, read_trace
 from autotuner.measure.loadgen import run_load
 from autotuner.sla.spec import Sla
@@ -55,21 +55,23 @@ class ProfileWindow:
 class _Capture:
     """Entered after the warm-up (run_load's ``around``): starts and stops the profiler."""
 
-    def __init__(self, base_url: str, setup: ProfilerSetup, timeout_s: float) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, urls: Sequence[str], setup: ProfilerSetup, timeout_s: float) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
         self.setup = setup
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.started = 0.0
         self.window_s = 0.0
 
     async def _post(self, path: str) -> None:
-        async with (
-            aiohttp.ClientSession(timeout=self.timeout) as session,
-            session.post(self.base_url + path) as resp,
-        ):
+        """POST ``path`` to every server of the config (replicas), together."""
+        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+            await asyncio.gather(*(self._one(session, url + path) for url in self.urls))
+
+    async def _one(self, session: aiohttp.ClientSession, url: str) -> None:
+        async with session.post(url) as resp:
             if resp.status != 200:
                 body = (await resp.text())[:300]
-                raise ProfileFailed(f"POST {path} answered HTTP {resp.status}: {body}")
+                raise ProfileFailed(f"POST {url} answered HTTP {resp.status}: {body}")
 
     async def __aenter__(self) -> _Capture:
         await self._post(self.setup.start_path)
@@ -138,21 +140,16 @@ def profile_config(
     if trace_dir.exists():  # an earlier profile of this config: its traces are not ours
         shutil.rmtree(trace_dir)
     trace_dir.mkdir(parents=True)
-    if cuda_devices is None and sla.target.kind != "cpu":
-        cuda_devices = list(sla.target.devices)
-    engine = adapter.process(
-        LaunchSpec(
-            python=python,
-            model=model_dir,
-            served_name=sla.model.served_name or sla.model.synth or model_dir.name,
-            params=dict(params),
-            log_path=run_dir / "engine.log",
-            # The SLA's own arguments and variables first, the profiler's after them.
-            extra_args=(*sla.engine.args, *setup.args),
-            env={**sla.engine.env, **setup.env},
-            cuda_devices=None if cuda_devices is None else tuple(cuda_devices),
-            startup_timeout_s=sla.engine.startup_timeout_s,
-        )
+    # The launch a trial makes (layout, replicas, CPU binding), the profiler's flags added.
+    engine = make_engine(
+        sla,
+        python,
+        model_dir,
+        params,
+        run_dir / "engine.log",
+        cuda_devices,
+        tuner_args=setup.args,
+        tuner_env=setup.env,
     )
     plan = build_plan(sla, model_dir, arrival_of(sla), requests=window.requests)
 
@@ -163,9 +160,9 @@ def profile_config(
             raise ProfileFailed(f"the profiling launch failed: {exc}") from None
         try:
             say(f"    engine healthy after {endpoint.startup_s:.0f} s; profiling")
-            capture = _Capture(endpoint.base_url, setup, window.http_timeout_s)
+            capture = _Capture(endpoint.urls, setup, window.http_timeout_s)
             try:
-                result = await run_load(endpoint.base_url, endpoint.model, plan, around=capture)
+                result = await run_load(endpoint.urls, endpoint.model, plan, around=capture)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise ProfileFailed(f"the profiler did not answer: {exc!r}") from None
             if not result.ok:
