@@ -881,6 +881,7 @@ def run_ours(
         plan, stopper = None, None
         if new:
             plan = SearchPlan(space, surface.sla, study_dir, warm_limit=max(1, budget // 2))
+            plan.engine_defaults = lambda params: engine_defaults(surface)
             stopper = StudyStopper(StoppingRule(patience=PATIENCE, resolution=RESOLUTION))
         runner = (StudyRunner if new else _UntilNearBest)(
             surface.sla,
@@ -907,6 +908,16 @@ def run_ours(
             stop = stops[-1] if stops else f"budget of {budget} launches spent"
             run_stats = dataclasses.replace(run_stats, recognised=recognised, stop=stop)
     return run_stats
+
+
+def engine_defaults(surface: Replayable) -> dict[str, Any]:
+    """What ``autotuner tune`` knows of the engine's own values (the vLLM adapter's
+    ``defaults`` on an H200): the batch sizes, gpu_memory_utilization and block size; not
+    chunked prefill or prefix caching, which the space leaves to the engine unresolved."""
+    if isinstance(surface, RealSurface):
+        return dict(H200_DEFAULTS)
+    known = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size")
+    return {k: DEFAULTS[k] for k in known}
 
 
 def run_order(problem: Problem, order: list[dict[str, Any]], budget: int) -> Run:

@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 
 from autotuner.core.types import ParamValue as Value
 from autotuner.records.trial import TrialRecord
+from autotuner.search.misses import EngineDefaults, MissBook
 from autotuner.search.progress import StudyStopper, incumbent, is_candidate_from_sampler
 from autotuner.search.space import Hopeless, ParamSpec, ParamValue, SearchSpace
 from autotuner.search.stopping import StoppingRule
@@ -341,6 +342,9 @@ class SearchPlan:
     measured: dict[str, float] | None = None  # None: not looked for yet
     # What the warm start builds on while no config holds the SLA (see memory_fix).
     start_from: dict[str, ParamValue] = field(default_factory=dict)
+    # The engine's own values of options it decides (None: unknown), for search.misses.
+    engine_defaults: EngineDefaults | None = None
+    _book: MissBook | None = field(default=None, repr=False)
 
     def describe(self) -> list[str]:
         """What the warm start tries and which values are hopeless, for the tune's log."""
@@ -363,6 +367,11 @@ class SearchPlan:
                 )
                 when = ", ".join(_conditions(rule))
                 lines.append(f"hopeless {p.name} {what}{f' ({when})' if when else ''}: {rule.why}")
+        for p in self.space.params:
+            for m in p.monotone:
+                lines.append(
+                    f"after a miss of {'/'.join(m.limits)}: {p.name} {m.worse} is hopeless: {m.why}"
+                )
         return lines
 
     def situation(self, study: optuna.Study) -> Situation:
@@ -385,7 +394,17 @@ class SearchPlan:
         return None  # looked for again next time: the baseline may still be running
 
     def hopeless(self, study: optuna.Study, suggested: Mapping[str, Value]) -> str | None:
-        return hopeless_reason(self.space, _scalars(suggested), self.situation(study))
+        """Why a candidate is not worth a launch: a hopeless value of the space file, or a
+        launch of the study that missed the SLA rules it out (search.misses)."""
+        values = _scalars(suggested)
+        reason = hopeless_reason(self.space, values, self.situation(study))
+        return reason if reason is not None else self.misses().reason(study, values)
+
+    def misses(self) -> MissBook:
+        if self._book is None:
+            metric_of = {c.key: c.metric for c in self.sla.constraints}
+            self._book = MissBook(self.space, metric_of, self.study_dir, self.engine_defaults)
+        return self._book
 
     def next_warm(self, study: optuna.Study, fixed: Mapping[str, Value]) -> dict[str, Value] | None:
         """The next warm-start candidate's tuned values, or None when the warm start is over

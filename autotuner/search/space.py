@@ -55,6 +55,7 @@ __all__ = [
     "DeclaredOptions",
     "Dropped",
     "Hopeless",
+    "Monotone",
     "Override",
     "ParamOverride",
     "ParamSpec",
@@ -280,6 +281,14 @@ class _Hopeless(_Strict):
     why: str
 
 
+class _Monotone(_Strict):
+    """Which way the value worsens a limited quantity, all else equal (``monotone:``)."""
+
+    limits: list[str]  # latency kinds (ttft, tpot, itl, e2e) or constraint metrics
+    worse: Literal["higher", "lower"]
+    why: str
+
+
 class _Variant(_Strict):
     """Per-device changes to a declaration (``per_device: {cpu: {...}}``)."""
 
@@ -321,6 +330,7 @@ class _Decl(_Strict):
     why: str = ""
     prior: _Prior | None = None
     hopeless_when: list[_Hopeless] = Field(default_factory=list)
+    monotone: list[_Monotone] = Field(default_factory=list)
 
 
 class _File(_Strict):
@@ -387,6 +397,18 @@ class Hopeless:
 
 
 @dataclass(frozen=True)
+class Monotone:
+    """All else equal, moving ``param`` the ``worse`` way (``higher`` or ``lower``) never
+    brings a quantity under one of ``limits`` (latency kinds or constraint metrics) at the
+    same load: after a miss there, such a move is hopeless (``search.misses``)."""
+
+    param: str
+    limits: tuple[str, ...]
+    worse: Literal["higher", "lower"]
+    why: str
+
+
+@dataclass(frozen=True)
 class ParamSpec:
     """One tuned parameter in its effective form.
 
@@ -409,6 +431,7 @@ class ParamSpec:
     # (left out of ``hash``, so a study keeps its identity when they change).
     prior: Prior | None = field(default=None, compare=False)
     hopeless: tuple[Hopeless, ...] = field(default=(), compare=False)
+    monotone: tuple[Monotone, ...] = field(default=(), compare=False)
 
     def domain(self) -> str:
         if self.choices is not None:
@@ -557,7 +580,7 @@ class SearchSpace:
 
 # --------------------------------------------------------------------------- helpers
 
-_NOT_HASHED = frozenset({"why", "prior", "hopeless"})
+_NOT_HASHED = frozenset({"why", "prior", "hopeless", "monotone"})
 
 
 def _show(v: Any) -> str:
@@ -753,7 +776,28 @@ def _check_strategy(spec: _File) -> list[tuple[KeyPath, str]]:
                 ((*key, k), f"params.{d.name}: hopeless_when[{j}]: {m}")
                 for k, m in _check_hopeless(d, h, decls)
             ]
+        for j, mono in enumerate(d.monotone):
+            key = (*base, "monotone", j)
+            problems += [
+                ((*key, k), f"params.{d.name}: monotone[{j}]: {m}")
+                for k, m in _check_monotone(d, mono)
+            ]
     return problems
+
+
+def _check_monotone(d: _Decl, m: _Monotone) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if d.type not in ("int", "float"):
+        out.append(("worse", f"only a number has a direction, not a {d.type}"))
+    if not m.limits:
+        out.append(("limits", "name the latencies or constraint metrics it worsens"))
+    for lim in m.limits:
+        if not _METRIC_RE.match(lim):
+            kinds = ", ".join(_LATENCY_KINDS)
+            out.append(("limits", f"{lim!r}: name a latency ({kinds}) or a metric"))
+    if not m.why.strip():
+        out.append(("why", "say why the move never helps"))
+    return out
 
 
 def _check_prior(d: _Decl, p: _Prior, where: _Decl | _Variant) -> list[tuple[str, str]]:
@@ -1147,6 +1191,10 @@ class _Resolver:
             why=" ".join(d.why.split()),
             prior=_prior(d.prior),
             hopeless=tuple(_hopeless(d.name, h) for h in d.hopeless_when),
+            monotone=tuple(
+                Monotone(d.name, tuple(m.limits), m.worse, " ".join(m.why.split()))
+                for m in d.monotone
+            ),
         )
 
     def _place(self, d: _Decl, spec: ParamSpec) -> None:
@@ -1188,6 +1236,7 @@ class _Resolver:
                 why=spec.why,
                 prior=spec.prior,
                 hopeless=spec.hopeless,
+                monotone=spec.monotone,
             )
         )
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +302,7 @@ def _tune(
         def over(params: Mapping[str, ParamValue]) -> str | None:
             return memory_limit_reason(params, hw, mem_limit, engine_adapter)
 
+        plan.engine_defaults = partial(engine_adapter.defaults, hw)  # what a miss ran with
         plan.start_from = memory_fix(space, over)
         if plan.start_from:
             fix = ", ".join(f"{k}={v}" for k, v in plan.start_from.items())
