@@ -124,9 +124,9 @@ def layout_lines(sla: Sla, assume_gpu: str | None, engine_version: str | None) -
         mode=mode,
         memory_limit_gib=limit,
     )
-    gpu = hw.gpus[0].name if hw.gpus else "CPU"
+    where = f"{hw.gpu_count} x {hw.gpus[0].name}" if hw.gpus else f"the CPU ({hw.cpu.cores} cores)"
     head = (
-        f"layouts on {hw.gpu_count} x {gpu} ({adapter.display_name} {engine_version}, "
+        f"layouts on {where} ({adapter.display_name} {engine_version}, "
         f"data parallel: {mode}; {sum(v.kept for v in verdicts)} kept of {len(verdicts)})"
     )
     return [head, *(f"  {v.line()}" for v in verdicts)]

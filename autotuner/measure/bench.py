@@ -263,7 +263,7 @@ async def measure(
     say(f"starting engine (log: {engine.log_path}) ...")
     try:
         endpoint = await engine.launch()
-        say(f"engine healthy after {endpoint.startup_s:.0f} s on {endpoint.base_url}")
+        say(f"engine healthy after {endpoint.startup_s:.0f} s on {', '.join(endpoint.urls)}")
         say(
             f"load: {plan.arrival.describe()}, {plan.requests or ''} requests"
             f"{f', {plan.duration_s:g} s' if plan.duration_s else ''}"
@@ -271,9 +271,9 @@ async def measure(
         )
         gpus = None if sla.target.kind == "cpu" else list(sla.target.devices)
         metrics = adapter_of(sla).metrics
-        monitor = Monitor(endpoint.base_url, engine.processes, gpus, metrics=metrics)
+        monitor = Monitor(endpoint.urls, engine.processes, gpus, metrics=metrics)
         result = await run_load(
-            endpoint.base_url,
+            endpoint.urls,
             endpoint.model,
             plan,
             progress=_progress_printer(say),

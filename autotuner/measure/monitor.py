@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -36,6 +36,19 @@ def parse_metrics(text: str) -> Samples:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    return out
+
+
+def merge_samples(parts: Sequence[Samples], gauges: frozenset[str]) -> Samples:
+    """Several servers' scrapes as one (engine replicas): counters and histograms add up;
+    a gauge (a share of one server's KV cache, its queue) is the highest of them."""
+    out: Samples = {}
+    for part in parts:
+        for name, value in part.items():
+            if name in gauges and name in out:
+                out[name] = max(out[name], value)
+            else:
+                out[name] = out.get(name, 0.0) + value
     return out
 
 
@@ -136,14 +149,18 @@ class Monitor:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         processes: Callable[[], list[psutil.Process]],
         gpu_devices: list[str] | None = None,
         interval_s: float = 0.5,
         metrics: MetricNames | None = None,
     ) -> None:
-        """``metrics``: the engine's metric names (None: the default engine kind's)."""
-        self.base_url = base_url.rstrip("/")
+        """``metrics``: the engine's metric names (None: the default engine kind's).
+        Several base URLs (engine replicas): each is scraped and the scrapes merged
+        (:func:`merge_samples`)."""
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.base_urls = [u.rstrip("/") for u in urls]
+        self.base_url = self.base_urls[0]
         self.metrics = metrics or registry.default().metrics
         self.processes = processes
         self.gpu_devices = gpu_devices
@@ -184,16 +201,23 @@ class Monitor:
             self._gpu.close()
 
     async def scrape(self) -> Samples:
-        """One scrape of ``/metrics``; empty when the engine does not answer."""
+        """One scrape of ``/metrics`` of every server, merged; empty when none answers."""
+        if len(self.base_urls) == 1:
+            return await self._scrape(self.base_url)
+        parts = await asyncio.gather(*(self._scrape(u) for u in self.base_urls))
+        gauges = frozenset(n for names in self.metrics.gauges.values() for n in names)
+        return merge_samples(parts, gauges)
+
+    async def _scrape(self, base_url: str) -> Samples:
         assert self._session is not None
         try:
-            async with self._session.get(self.base_url + "/metrics") as resp:
+            async with self._session.get(base_url + "/metrics") as resp:
                 if resp.status != 200:
-                    logger.debug("%s/metrics answered HTTP %d", self.base_url, resp.status)
+                    logger.debug("%s/metrics answered HTTP %d", base_url, resp.status)
                     return {}
                 return parse_metrics(await resp.text())
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            logger.debug("%s/metrics not scraped: %r", self.base_url, exc)
+            logger.debug("%s/metrics not scraped: %r", base_url, exc)
             return {}
 
     def _sample_memory(self) -> None:

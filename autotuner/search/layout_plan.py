@@ -50,11 +50,12 @@ class LayoutVerdict:
     kept: bool
     why: str  # why dropped; for a kept one, what one GPU holds
     baseline: bool = False
+    unit: str = "GPU"  # what a device is: a GPU, or on a CPU target an engine rank
 
     def line(self) -> str:
         mark = "keep" if self.kept else "drop"
         base = " [baseline]" if self.baseline else ""
-        return f"{mark}  {self.layout.describe()}{base}: {self.why}"
+        return f"{mark}  {self.layout.describe(self.unit)}{base}: {self.why}"
 
 
 def _searched(space: SearchSpace, name: str) -> tuple[ParamValue, ...]:
@@ -85,6 +86,7 @@ def plan(
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= 2 * top]
     tps, dps = _searched(space, TP), _searched(space, DP)
     base = {**space.fixed, **baseline}
+    unit = "GPU" if hardware.device == "gpu" else "rank"
     out = []
     for tp, dp in itertools.product(sizes, sizes):
         if tp * dp > 2 * top:
@@ -104,16 +106,16 @@ def plan(
             reasons.append(over)
         is_base = Layout.of(base) == Layout.of(params)
         if reasons:
-            out.append(LayoutVerdict(layout, False, "; ".join(reasons), is_base))
+            out.append(LayoutVerdict(layout, False, "; ".join(reasons), is_base, unit))
             continue
         if tp not in tps or dp not in dps:
             why = "fits, but outside the SLA's search values"
-            out.append(LayoutVerdict(layout, False, why, is_base))
+            out.append(LayoutVerdict(layout, False, why, is_base, unit))
             continue
         est = engine.estimate_memory(model_cfg, params, hardware, env=env, check_free=False)
         why = (
-            f"per GPU {est.weights_bytes / GIB:.1f} GiB of weights, "
+            f"per {unit} {est.weights_bytes / GIB:.1f} GiB of weights, "
             f"{est.kv_budget_bytes / GIB:.1f} GiB of KV cache ({est.kv_tokens:,} tokens)"
         )
-        out.append(LayoutVerdict(layout, True, why, is_base))
+        out.append(LayoutVerdict(layout, True, why, is_base, unit))
     return sorted(out, key=lambda v: (v.layout.devices, v.layout.tp))

@@ -287,7 +287,7 @@ async def _measure_levels(
         i = len(levels)
         again = search.extending and previous is not None
         plan = build_plan(sla, model_dir, _arrival(base, load), level=i, requests=size.requests)
-        monitor = Monitor(endpoint.base_url, engine.processes, gpus, metrics=metrics)
+        monitor = Monitor(endpoint.urls, engine.processes, gpus, metrics=metrics)
         result = await run_load(endpoint.urls, endpoint.model, plan, around=monitor)
         result = LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, monitor.summary()

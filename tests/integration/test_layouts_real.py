@@ -65,6 +65,11 @@ def test_two_replicas_share_the_load_and_capacity_per_gpu_counts_both(
     assert sum(served) == sent, served
     runs = sum(lv.runs for lv in result.levels)  # each run's odd request may tilt by one
     assert abs(served[0] - served[1]) <= 1 + runs, served
+    # The engine's readings are of both servers: every prompt token was looked up in one of
+    # the two prefix caches (one server's alone would be about half).
+    for level in result.levels:
+        assert level.requests is not None
+        assert level.engine["prefix_cache_queries"] >= 0.75 * level.requests * 64, level.engine
     cap = result.metric("capacity")
     per_gpu = result.metric("capacity_per_gpu")
     assert cap is not None and cap > 0 and per_gpu is not None

@@ -404,3 +404,55 @@ def test_the_study_report_shows_capacity_per_gpu(tmp_path: Path) -> None:
     assert measured
     for row in measured:
         assert row[cap_end - 8 : cap_end] == row[per_end - 8 : per_end], row
+
+
+def test_a_target_of_two_gpus_is_leased_whole() -> None:
+    from autotuner.daemon.leases import Leases
+
+    from .test_daemon import FakeGpus
+
+    sla = sla_of(target={"gpus": 2})
+    leases = Leases(FakeGpus(), idle_mib=1024, free_timeout_s=0.0)
+    wanted = leases.devices_for(sla.target.kind, sla.target.devices)
+    assert wanted == ["gpu0", "gpu1"]
+    leases.acquire(wanted, 1)
+    # A job that wants either GPU waits for the whole layout's job to end.
+    assert "leased to job 1" in str(leases.available(["gpu1"], set()))
+    leases.release(1)
+    assert leases.available(["gpu1"], set()) is None
+
+
+def test_replicas_scrapes_add_counters_and_keep_the_highest_gauge() -> None:
+    from autotuner.measure.monitor import merge_samples
+
+    a = {"requests_total": 10.0, "kv_usage": 0.5}
+    b = {"requests_total": 7.0, "kv_usage": 0.75, "only_b": 1.0}
+    merged = merge_samples([a, b], frozenset({"kv_usage"}))
+    assert merged == {"requests_total": 17.0, "kv_usage": 0.75, "only_b": 1.0}
+
+
+def test_a_cpu_plan_counts_engine_ranks_and_the_shared_memory() -> None:
+    host = HardwareProfile("cpu", CpuInfo("x", 2, 2, 24 * GIB, 20 * GIB))
+    space = load_space_for(
+        "vllm",
+        "0.32.0",
+        host,
+        allow_lossy=False,
+        overrides=sla_of(
+            search={"params": {"data_parallel_size": {"values": [1, 2]}}}
+        ).search.params,
+        engine_params={"gpu_memory_utilization": 0.5, "max_model_len": 512},
+    )
+    verdicts = plan(
+        space,
+        model_cfg=synth.ARCHS["tiny-llama"].config(),
+        hardware=host,
+        engine=registry.get("vllm"),
+        env={},
+        baseline={},
+        mode="replicas",
+    )
+    by = {(v.layout.tp, v.layout.dp): v for v in verdicts}
+    assert [k for k, v in by.items() if v.kept] == [(1, 1)]
+    assert "2 engine ranks x gpu_memory_utilization 0.5" in by[(1, 2)].why
+    assert by[(1, 2)].line().startswith("drop  TP=1 x DP=2 (2 ranks, 2 replicas): ")
