@@ -1342,4 +1342,7 @@ def to_yaml(sla: Sla) -> str:
         "search": sla.search.model_dump(exclude_defaults=True),
         "tune": sla.tune.model_dump(exclude_defaults=True),
     }
+    quality = sla.quality.model_dump(exclude_defaults=True)
+    if quality:  # absent when default, so older SLAs dump as before
+        doc["quality"] = quality
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)

@@ -23,7 +23,7 @@ from autotuner.measure.quality import (
     kl_topk,
 )
 from autotuner.models import synth
-from autotuner.sla.spec import SlaError, parse_sla
+from autotuner.sla.spec import SlaError, parse_sla, to_yaml
 
 FLAT = {"a": math.log(0.5), "b": math.log(0.5)}
 
@@ -203,3 +203,14 @@ def test_the_gate_asks_the_workloads_dataset_prompts_else_builtin_ones(tmp_path:
     assert gate.prompts_for(sla, 2) == builtin_prompts(2)
     plain = sla_yaml(tmp_path, {"synth": "tiny-llama"})
     assert gate.prompts_for(plain, 3) == builtin_prompts(3)
+
+
+def test_the_quality_section_survives_a_dump_and_is_absent_when_default(tmp_path: Path) -> None:
+    sla = sla_yaml(
+        tmp_path,
+        {"synth": "tiny-llama"},
+        quality={"prompts": 4, "promote_unmeasured": True},
+    )
+    text = to_yaml(sla)
+    assert parse_sla(text).quality == sla.quality  # e.g. the daemon's job file
+    assert "quality" not in to_yaml(sla_yaml(tmp_path, {"synth": "tiny-llama"}))
