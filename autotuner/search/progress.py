@@ -162,9 +162,19 @@ def defaults_line(study: optuna.Study, resolution: float = 0.03) -> str | None:
         max(held) if held else None,
         len(launches),
         resolution=resolution,
-        unit=_UNITS.get(metric, metric),
+        unit=_capacity_unit(records) if has_capacity else _UNITS.get(metric, metric),
         resolved=max([resolution, *widths]),
     )
+
+
+def _capacity_unit(records: list[tuple[Any, TrialRecord]]) -> str:
+    """The unit the launches measured capacity in (a closed loop's concurrency, a trace's
+    replay speed), req/s unless recorded."""
+    for _, r in records:
+        unit = getattr(getattr(r, "capacity", None), "unit", None)
+        if isinstance(unit, str) and unit:
+            return unit
+    return _UNITS["capacity"]
 
 
 def _bracket_width(r: TrialRecord) -> float | None:

@@ -436,3 +436,15 @@ def test_check_warns_when_a_trace_is_too_short_for_the_percentile(
     sla.write_text(sla.read_text().replace("process: trace}", "process: trace}, requests: 29"))
     assert check_main([str(sla)]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_defaults_sentence_uses_the_unit_capacity_was_measured_in() -> None:
+    from types import SimpleNamespace
+
+    from autotuner.search.progress import _capacity_unit
+
+    trace = SimpleNamespace(capacity=SimpleNamespace(unit="x trace speed"))
+    assert _capacity_unit([(None, SimpleNamespace(capacity=None)), (None, trace)]) == (
+        "x trace speed"
+    )
+    assert _capacity_unit([]) == "req/s"
