@@ -747,6 +747,7 @@ class Run:
     window: int  # launches up to the first near-best (or all)
     recognised: bool | None = None  # the search's own best at its end is near-best (new)
     stop: str = ""  # why the run ended (new)
+    learned: int = 0  # candidates pruned because an earlier launch missed (new)
 
 
 class Bench:
@@ -906,7 +907,13 @@ def run_ours(
             own = TrialRecord.from_trial(best).params_or(best.params) if best else None
             recognised = own is not None and problem.near_best(own)
             stop = stops[-1] if stops else f"budget of {budget} launches spent"
-            run_stats = dataclasses.replace(run_stats, recognised=recognised, stop=stop)
+            learned = sum(
+                "which missed" in (TrialRecord.from_trial(t).reason or "")
+                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
+            )
+            run_stats = dataclasses.replace(
+                run_stats, recognised=recognised, stop=stop, learned=learned
+            )
     return run_stats
 
 
@@ -1089,6 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
                     "missed_share": whole,
                     "missed_share_after_defaults": own,
                     "recognised": sum(recognised) / len(recognised) if recognised else None,
+                    "pruned_after_a_miss": sum(r.learned for r in runs),
                 }
                 third = grid_launches / 3
                 ok_reach = p90 is not None and p90 <= third
@@ -1103,6 +1111,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {method:<12} {shown}   ({time.monotonic() - t0:.0f} s)")
             if method == "new":
                 print(f"  {'':<12} stopped at " + " ".join(str(r.launches) for r in runs))
+                print(
+                    f"  {'':<12} pruned after a miss " + " ".join(str(r.learned) for r in runs)
+                )
             rows.append(
                 [
                     name,
