@@ -24,7 +24,7 @@ import os
 import platform
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -338,6 +338,33 @@ def nvml_text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def nvml_handles(nvml: Any, devices: Sequence[str]) -> tuple[list[Any], list[str]]:
+    """NVML handles of ``devices`` (indexes or UUIDs), and the devices NVML does not know."""
+    count = int(nvml.nvmlDeviceGetCount())
+    handles, missing = [], []
+    for dev in devices:
+        try:
+            if dev.isdigit():
+                if int(dev) >= count:
+                    raise LookupError
+                handles.append(nvml.nvmlDeviceGetHandleByIndex(int(dev)))
+            else:
+                handles.append(nvml.nvmlDeviceGetHandleByUUID(dev))
+        except (nvml.NVMLError, LookupError):
+            missing.append(dev)
+    return handles, missing
+
+
+def nvml_known(nvml: Any) -> list[str]:
+    """Every GPU NVML sees, as ``index name (uuid)``, for an error that names a missing one."""
+    known = []
+    for i in range(int(nvml.nvmlDeviceGetCount())):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        name, uuid = nvml.nvmlDeviceGetName(h), nvml.nvmlDeviceGetUUID(h)
+        known.append(f"{i} {nvml_text(name)} ({nvml_text(uuid)})")
+    return known
+
+
 def _nvml_gpus(nvml: Any, devices: list[str]) -> tuple[list[GpuInfo], str | None, str | None]:
     """Every NVML call of the module: the listed devices, driver and CUDA driver versions.
 
@@ -351,24 +378,10 @@ def _nvml_gpus(nvml: Any, devices: list[str]) -> tuple[list[GpuInfo], str | None
         except error:
             return None
 
-    count = int(nvml.nvmlDeviceGetCount())
-    handles = []
-    for dev in devices:
-        try:
-            if dev.isdigit():
-                if int(dev) >= count:
-                    raise LookupError
-                handles.append(nvml.nvmlDeviceGetHandleByIndex(int(dev)))
-            else:
-                handles.append(nvml.nvmlDeviceGetHandleByUUID(dev))
-        except (error, LookupError):
-            known = []
-            for i in range(count):
-                h = nvml.nvmlDeviceGetHandleByIndex(i)
-                name, uuid = nvml.nvmlDeviceGetName(h), nvml.nvmlDeviceGetUUID(h)
-                known.append(f"{i} {nvml_text(name)} ({nvml_text(uuid)})")
-            listed = "; ".join(known) or "none"
-            raise HardwareError(f"GPU {dev} not found; this machine has: {listed}") from None
+    handles, missing = nvml_handles(nvml, devices)
+    if missing:
+        listed = "; ".join(nvml_known(nvml)) or "none"
+        raise HardwareError(f"GPU {missing[0]} not found; this machine has: {listed}")
     gpus = []
     for h in handles:
         mem = nvml.nvmlDeviceGetMemoryInfo(h)

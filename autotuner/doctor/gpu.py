@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotuner.core.hardware import nvml_text
+from autotuner.core.hardware import nvml_handles, nvml_known, nvml_text
 
 __all__ = ["GpuProcess", "GpuScan", "GpuState", "scan"]
 
@@ -145,24 +145,10 @@ def _scan_nvml(nvml: Any, devices: Sequence[str] | None) -> GpuScan:
         return GpuScan("none", error=f"NVML could not start ({nvml_text(e)})")
     try:
         count = int(nvml.nvmlDeviceGetCount())
-        handles, missing = [], []
-        for dev in devices if devices is not None else [str(i) for i in range(count)]:
-            try:
-                if dev.isdigit():
-                    if int(dev) >= count:
-                        raise LookupError
-                    handles.append(nvml.nvmlDeviceGetHandleByIndex(int(dev)))
-                else:
-                    handles.append(nvml.nvmlDeviceGetHandleByUUID(dev))
-            except (error, LookupError):
-                missing.append(dev)
+        wanted = devices if devices is not None else [str(i) for i in range(count)]
+        handles, missing = nvml_handles(nvml, wanted)
         gpus = tuple(_nvml_state(nvml, h) for h in handles)
-        known = []
-        if missing:
-            for i in range(count):
-                h = nvml.nvmlDeviceGetHandleByIndex(i)
-                name, uuid = nvml.nvmlDeviceGetName(h), nvml.nvmlDeviceGetUUID(h)
-                known.append(f"{i} {nvml_text(name)} ({nvml_text(uuid)})")
+        known = nvml_known(nvml) if missing else []
         driver = cuda = None
         with contextlib.suppress(error):
             driver = nvml_text(nvml.nvmlSystemGetDriverVersion())
