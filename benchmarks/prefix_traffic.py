@@ -17,7 +17,7 @@ prompt tokens the engine served from its prefix cache and its mean prefill time 
 metrics at the SLA's own load), and what the tuner promoted and why. Everything also goes to
 JSON; ``--report FILE`` prints a saved run again.
 
-Run (about 20 minutes on 2 cores: 6 launches of 1.5-2.5 minutes, more when the tuner confirms):
+Run (29 minutes on the busy 2-core machine: 6 launches of 2-5 minutes and 4 confirmation launches):
 ``python3 benchmarks/prefix_traffic.py --json benchmarks/results/prefix-traffic-cpu-2core.json``
 """
 
