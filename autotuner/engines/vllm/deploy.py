@@ -165,17 +165,7 @@ def docker_argv(
         ["-e", "HF_HUB_OFFLINE=1"],
     ]
     lines += [["-e", f"{k}={v}"] for k, v in (env or {}).items()]
-    inner = [
-        "--model",
-        CONTAINER_MODEL_DIR,
-        "--served-model-name",
-        served_name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(CONTAINER_PORT),
-        *params_to_args(engine_params(params)),
-    ]
+    inner = _container_args(served_name, params)
     lines.append([image])
     lines += argv_lines(inner)
     return lines
@@ -240,17 +230,7 @@ def compose_file(
         raise ValueError(f"model directory {model_dir!r} contains ':' (docker cannot mount it)")
     if not gpu_slices:
         raise ValueError("a compose file needs at least one server")
-    command = [
-        "--model",
-        CONTAINER_MODEL_DIR,
-        "--served-model-name",
-        served_name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(CONTAINER_PORT),
-        *params_to_args(engine_params(params)),
-    ]
+    command = _container_args(served_name, params)
     services: dict[str, Any] = {}
     for i, gpus in enumerate(gpu_slices):
         for uuid in gpus:
@@ -316,17 +296,7 @@ def k8s_deployment(
     def probe() -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": "http"}}
 
-    args = [
-        "--model",
-        CONTAINER_MODEL_DIR,
-        "--served-model-name",
-        served_name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(CONTAINER_PORT),
-        *params_to_args(engine_params(params)),
-    ]
+    args = _container_args(served_name, params)
     env_vars = {"HOME": "/tmp", "HF_HUB_OFFLINE": "1", **(env or {})}
     container: dict[str, Any] = {
         "name": "vllm",
@@ -508,3 +478,19 @@ class VllmDeploy:
             startup_timeout_s=startup_timeout_s,
             replicas=replicas,
         )
+
+
+def _container_args(served_name: str, params: Mapping[str, object]) -> list[str]:
+    """The server's arguments inside a container: the mounted model, every interface of the
+    container (the host publishes the port on 127.0.0.1 only), the tuned parameters."""
+    return [
+        "--model",
+        CONTAINER_MODEL_DIR,
+        "--served-model-name",
+        served_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(CONTAINER_PORT),
+        *params_to_args(engine_params(params)),
+    ]
