@@ -28,7 +28,7 @@ that, so its replicates are capacity 0 by construction (:func:`fixed_misses`,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from statistics import fmean
 from typing import Any
 
@@ -144,6 +144,20 @@ def decide(
                 resolution=resolution,
                 label=c,
             )
+    open_base = [r.replicate + 1 for r in reps if r.config == "baseline" and _open(r)]
+    if open_base:
+        # The baseline's capacity is only a floor there: a candidate's lead over it could be
+        # the baseline's unmeasured headroom, so no "better" rests on it.
+        why = (
+            f"the baseline's capacity was only bounded below in replicate "
+            f"{', '.join(map(str, open_base))} (no level above it missed)"
+        )
+        comparisons = {
+            c: replace(cmp, verdict="not_enough_data", reason=f"{cmp.reason}; but {why}")
+            if cmp.verdict == "better"
+            else cmp
+            for c, cmp in comparisons.items()
+        }
     stats = config_stats(reps)
     shown = {c: cmp.to_dict() for c, cmp in comparisons.items()}
     better = [(c, cmp) for c, cmp in comparisons.items() if cmp.verdict == "better"]
@@ -181,6 +195,12 @@ def decide(
         per_config=stats,
         comparisons=shown,
     )
+
+
+def _open(r: Replicate) -> bool:
+    """A replicate whose capacity is a lower bound only: it met the SLA and nothing above
+    its highest meeting level missed (the level budget or the rate cap ended its search)."""
+    return r.capacity is not None and r.capacity > 0 and r.high is None
 
 
 def _rank(cmp: CapacityComparison) -> float:

@@ -165,3 +165,16 @@ def test_a_baseline_that_missed_only_memory_is_known_zero_without_a_launch() -> 
     assert [r.capacity for r in zeros] == [0.0] * 3 and not any(r.feasible for r in zeros)
     d = decide(zeros + reps("trial-11", [15.7, 15.6, 15.8]), ["trial-11"], min_effect=0.05)
     assert d.promoted == "trial-11" and d.confirmed and d.verdict == "better"
+
+
+def test_a_baseline_bounded_only_below_cannot_be_beaten() -> None:
+    # Replicate 2 of the baseline never missed ("at least 6.63"): its lead may be headroom.
+    base = reps("baseline", [5.0, 6.63, 5.1])
+    base[1] = Replicate("baseline", 1, 6.63, 6.63, None, "budget", 6.63, True, {}, "")
+    d = decide(base + reps("trial-3", [8.0, 8.2, 8.1]), ["trial-3"], min_effect=0.05)
+    assert d.promoted == "baseline" and d.verdict == "not_enough_data"
+    assert "only bounded below in replicate 2" in d.reason
+    # Closed brackets: the same numbers promote.
+    d = decide(reps("baseline", [5.0, 6.63, 5.1]) + reps("trial-3", [8.0, 8.2, 8.1]), ["trial-3"],
+               min_effect=0.05)  # fmt: skip
+    assert d.promoted == "trial-3"
