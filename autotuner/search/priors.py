@@ -36,7 +36,12 @@ from optuna.trial import TrialState
 from autotuner.core.types import ParamValue as Value
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import EngineDefaults, MissBook
-from autotuner.search.progress import StudyStopper, incumbent, is_candidate_from_sampler
+from autotuner.search.progress import (
+    StudyStopper,
+    best_launch,
+    incumbent,
+    is_candidate_from_sampler,
+)
 from autotuner.search.space import Hopeless, ParamSpec, ParamValue, SearchSpace
 from autotuner.search.stopping import StoppingRule
 from autotuner.search.study import config_key, counted
@@ -424,7 +429,9 @@ class SearchPlan:
         # One pass: a value a warm-start trial ran (alone or carried along) is not tried again.
         done = {(k, repr(v)) for t in trials if _enqueued(t) for k, v in t.params.items()}
         best = incumbent(study)
-        around = dict(best.params) if best is not None else dict(self.start_from)
+        around = dict(best.params) if best is not None else {}
+        if best_launch(study) is None:  # nothing holds the SLA yet: build on the memory fix
+            around = {**self.start_from, **around}
         for name, value, cand in warm_candidates(self.space, around, self.situation(study)):
             if (name, repr(value)) not in done and config_key({**fixed, **cand}) not in tried:
                 return dict(cand)

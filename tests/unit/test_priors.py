@@ -582,3 +582,15 @@ def test_the_warm_start_builds_on_a_memory_fix_when_the_defaults_break_the_limit
     cand = plan.next_warm(study, {})
     assert cand is not None and cand["gpu_memory_utilization"] == pytest.approx(0.90)
     assert len(cand) == 2  # the fix and one prior value
+    # Also once the defaults were measured missing memory (the closest launch to meeting).
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={},
+            distributions={},
+            value=0.0,
+            user_attrs={"role": "baseline"},
+            system_attrs={"constraints": [0.02]},
+        )
+    )
+    cand = plan.next_warm(study, {})
+    assert cand is not None and cand["gpu_memory_utilization"] == pytest.approx(0.90)
