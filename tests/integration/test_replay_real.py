@@ -1,12 +1,14 @@
 """A timed trace and a dataset replayed on a real vLLM (CPU build) serving the tiny model.
 
 One launch: two load levels of a Mooncake trace at two replay speeds (as a capacity search on
-a trace loads the engine), then a ShareGPT dataset over the chat API.
+a trace loads the engine), then a ShareGPT dataset over the chat API. A second test runs
+``autotuner tune`` on the trace: its capacity search runs over the replay speed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from autotuner.measure.traces import TraceRecord, read_trace
 from autotuner.measure.workload import Arrival
 from autotuner.sla.spec import Sla, load_sla
 
-from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla
+from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -133,3 +135,28 @@ def test_a_trace_and_a_dataset_replayed_on_one_engine(
     expected = [data_plan.factory.make(i).input_tokens for i in range(16)]
     assert [r.prompt_tokens for r in data.records] == expected
     assert len(set(expected)) > 5  # different conversations, not one repeated
+
+
+def test_tune_searches_capacity_on_a_trace_by_replay_speed(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    workload = {
+        "trace": str(EXAMPLES / "mooncake-trace.jsonl"),
+        "arrival": {"process": "trace", "speed": 0.5},
+        "requests": 30,
+    }
+    sla = tmp_path / "tune-trace.yaml"
+    body = cpu_sla(
+        "tune-trace", workload, params={"max_model_len": 1024}, tune={"trials": 1, "max_levels": 2}
+    )
+    sla.write_text(yaml.safe_dump(body))
+    trials = tmp_path / "trials"
+    r = run_cli(["tune", str(sla), "--trials-dir", str(trials)], cli_env, timeout_s=900)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    record = json.loads((trials / "tune-trace" / "trial-000" / "trial.json").read_text())
+    loads = [lv["load"] for lv in record["levels"]]
+    # The SLA's own speed first, then x1.5: a capacity search over how fast the trace plays.
+    assert loads == [0.5, 0.75], record["levels"]
+    assert all(lv["requests"] == 30 for lv in record["levels"])
+    assert record["capacity"]["unit"] == "x trace speed"
+    assert "x trace speed" in r.stdout
