@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from autotuner.engines import envs
+from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.models import synth
 
 
@@ -196,4 +197,20 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=timeout_s,
+    )
+
+
+def tiny_engine(
+    python: Path, model: Path, tag: str, log_path: Path, params: dict[str, Any]
+) -> VllmEngine:
+    """A tagged CPU engine serving the tiny model as ``tiny`` (tests drive it directly)."""
+    return VllmEngine(
+        python=python,
+        model=model,
+        served_name="tiny",
+        params=params,
+        extra_args=[],
+        env={TAG_VAR: tag},
+        cuda_devices=None,
+        log_path=log_path,
     )

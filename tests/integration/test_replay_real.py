@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.engines.vllm.metrics import METRICS
 from autotuner.measure.bench import build_plan
 from autotuner.measure.loadgen import LoadPlan, LoadResult, run_load
@@ -24,7 +23,7 @@ from autotuner.measure.traces import TraceRecord, read_trace
 from autotuner.measure.workload import Arrival
 from autotuner.sla.spec import Sla, load_sla
 
-from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla, run_cli
+from .conftest import assert_no_leftovers, cpu_sla, run_cli, tiny_engine
 
 pytestmark = pytest.mark.slow
 
@@ -74,16 +73,7 @@ def test_a_trace_and_a_dataset_replayed_on_one_engine(
             "seed": 3,
         },
     )
-    engine = VllmEngine(
-        python=vllm_python,
-        model=tiny_model,
-        served_name="tiny",
-        params=PARAMS,
-        extra_args=[],
-        env={TAG_VAR: tag},
-        cuda_devices=None,
-        log_path=tmp_path / "engine.log",
-    )
+    engine = tiny_engine(vllm_python, tiny_model, tag, tmp_path / "engine.log", PARAMS)
     speeds = (0.5, 0.75)
 
     async def scenario() -> tuple[list[tuple[LoadPlan, LoadResult]], LoadPlan, LoadResult]:

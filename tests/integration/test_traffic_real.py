@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.measure.bench import build_plan
 from autotuner.measure.cache import cache_note
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.sla.spec import load_sla
 
-from .conftest import TAG_VAR, cpu_sla
+from .conftest import cpu_sla, tiny_engine
 
 pytestmark = pytest.mark.slow
 
@@ -71,16 +70,7 @@ def test_shared_prefixes_hit_the_cache_and_conversations_keep_their_turns(
             },
         )
     )
-    engine = VllmEngine(
-        python=vllm_python,
-        model=tiny_model,
-        served_name="tiny",
-        params=PARAMS,
-        extra_args=[],
-        env={TAG_VAR: tag},
-        cuda_devices=None,
-        log_path=tmp_path / "engine.log",
-    )
+    engine = tiny_engine(vllm_python, tiny_model, tag, tmp_path / "engine.log", PARAMS)
 
     async def measured(endpoint: Any, plan: Any) -> LoadResult:
         monitor = Monitor(endpoint.base_url, engine.processes, None)
