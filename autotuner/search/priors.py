@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 from autotuner.core.types import ParamValue as Value
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import EngineDefaults, MissBook
+from autotuner.search.nearby import NEAR_STEPS, nearest_feasible
 from autotuner.search.progress import (
     StudyStopper,
     best_launch,
@@ -338,6 +339,8 @@ class SearchPlan:
 
     ``warm_limit``: the most warm-start launches (the sampler gets the rest of the budget).
     The warm start ends for good once the sampler has been asked for a candidate.
+    ``near_steps``: how far from a launch that met the SLA a sampled candidate may lie
+    (:mod:`autotuner.search.nearby`; None: anywhere).
     """
 
     space: SearchSpace
@@ -349,6 +352,7 @@ class SearchPlan:
     start_from: dict[str, ParamValue] = field(default_factory=dict)
     # The engine's own values of options it decides (None: unknown), for search.misses.
     engine_defaults: EngineDefaults | None = None
+    near_steps: float | None = NEAR_STEPS
     _book: MissBook | None = field(default=None, repr=False)
 
     def describe(self) -> list[str]:
@@ -404,6 +408,20 @@ class SearchPlan:
         values = _scalars(suggested)
         reason = hopeless_reason(self.space, values, self.situation(study))
         return reason if reason is not None else self.misses().reason(study, values)
+
+    def out_of_reach(self, study: optuna.Study, suggested: Mapping[str, Value]) -> str | None:
+        """Why a candidate the sampler proposed is not launched: it lies more than
+        ``near_steps`` steps from every launch that met the SLA (search.nearby); None when it
+        is near one, or no launch met the SLA yet."""
+        if self.near_steps is None:
+            return None
+        nearest = nearest_feasible(study, self.misses(), _scalars(suggested))
+        if nearest is None or nearest.steps <= self.near_steps + 1e-9:
+            return None
+        return (
+            f"out of reach: {nearest.steps:.3g} steps from the nearest config that met the SLA "
+            f"(trial {nearest.trial}); the sampler looks within {self.near_steps:g}"
+        )
 
     def misses(self) -> MissBook:
         if self._book is None:

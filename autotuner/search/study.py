@@ -492,6 +492,7 @@ class StudyRunner:
             trial.set_user_attr
         )
         suggested: dict[str, ParamValue] = {}
+        sampled = False  # the sampler chose it (not the warm start, not a re-queued config)
         if not baseline:
             if warm is not None and self.plan is not None:
                 suggested = dict(self.plan.suggest_warm(trial, warm))
@@ -501,6 +502,7 @@ class StudyRunner:
                 suggested = dict(self.plan.suggest_warm(trial, again))
             else:
                 suggested = self.suggest(trial)
+                sampled = True
         if baseline:  # the engine's defaults, but for what the SLA gives the baseline
             suggested = dict(self.sla.search.baseline)
         params = {**self.fixed, **suggested}
@@ -514,6 +516,8 @@ class StudyRunner:
             reason = self.prune(params)
             if not reason and self.plan is not None:
                 reason = self.plan.hopeless(self.study, suggested)
+            if not reason and self.plan is not None and sampled:
+                reason = self.plan.out_of_reach(self.study, suggested)
             if reason:
                 TrialRecord(reason=reason).save(trial.set_user_attr)
                 self.study.tell(trial, state=TrialState.PRUNED)
