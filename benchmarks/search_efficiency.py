@@ -25,8 +25,10 @@ Methods, each over the same discrete grid (the exhaustive grid is every combinat
 * ``new``: the search ``autotuner tune`` runs now -- the real
   :class:`~autotuner.search.study.StudyRunner` loop with the space file's priors and hopeless
   values (:mod:`autotuner.search.priors`: baseline, then the warm start, then TPE modelling
-  from its second trial), configs near an out-of-memory crash pruned, and the stopping rule
-  (patience 4, resolution 3 %); it runs until it stops itself (or the budget).
+  from its second trial), configs near an out-of-memory crash pruned, the sampler's
+  candidates launched only within 2 steps of a config that met the SLA
+  (:mod:`autotuner.search.nearby`), and the stopping rule (patience 4, resolution 3 %); it
+  runs until it stops itself (or the budget).
 * ``ours``: plain TPE, the search before: the same loop without priors, warm start, hopeless
   values or stopping rule, with ``make_sampler("auto", ...)`` (multivariate TPE, constant liar)
   over a space from :func:`~autotuner.search.space.load_space` (GPU, 1 device, compute
