@@ -15,6 +15,7 @@ import json
 import math
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -348,6 +349,13 @@ class _Pending:
     started: float
 
 
+def _reason_kind(reason: str) -> str:
+    """A pruning reason's kind without its values: its text up to the first colon
+    ("out of reach", "hopeless"), or its first words."""
+    head = reason.split(":", 1)[0].strip()
+    return head if len(head) <= 40 else head[:39] + "…"
+
+
 class StudyRunner:
     """Runs the ask/tell loop of one study until its budget is spent."""
 
@@ -388,6 +396,9 @@ class StudyRunner:
         # None keeps the plain loop (grid studies, tests of the bookkeeping).
         self.plan = plan
         self.stopper = stopper
+        # Why the suggestions since the last launch were skipped, by kind: the stop message
+        # names the rule that fenced the sampler in.
+        self.skipped: Counter[str] = Counter()
 
     def spent(self) -> int:
         return sum(counted(t) for t in self.study.get_trials(deepcopy=False))
@@ -415,9 +426,10 @@ class StudyRunner:
         if self.grid_done():
             return "grid done: every point was measured, pruned or reused"
         if skips >= MAX_CONSECUTIVE_SKIPS:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in self.skipped.most_common(3))
             return (
                 f"stopping: {skips} suggestions in a row were pruned or repeats "
-                "(the search space is exhausted or too constrained)"
+                f"(the search space is exhausted or too constrained): {kinds}"
             )
         if self.stopper is not None and self._warm() is None:  # the warm start runs whole
             decision = self.stopper.check(self.study)
@@ -462,6 +474,7 @@ class StudyRunner:
                     skips += 1
                     continue
                 skips = 0
+                self.skipped.clear()
                 in_flight[self.executor.submit(pending.params, pending.trial_dir)] = pending
             if not in_flight:
                 break
@@ -511,6 +524,7 @@ class StudyRunner:
         earlier = self._earlier(key, trial.number)
         if earlier is not None:
             self._reuse(trial, earlier)
+            self.skipped["repeats of a measured config"] += 1
             return None
         if not baseline:
             reason = self.prune(params)
@@ -522,6 +536,7 @@ class StudyRunner:
                 TrialRecord(reason=reason).save(trial.set_user_attr)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 self.say(f"trial {trial.number}: pruned before launch: {reason}")
+                self.skipped[f"pruned ({_reason_kind(reason)})"] += 1
                 return None
         n_done = self.spent() + 1
         role = "baseline (engine defaults)" if baseline else "candidate"

@@ -122,6 +122,23 @@ def test_repeats_reuse_results_and_pruned_configs_are_not_launched(tmp_path: Pat
     assert all(t.user_attrs["reason"] == "too small to try" for t in pruned)
 
 
+def test_a_fenced_in_search_stops_and_says_which_skips_fenced_it(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [1, 4], budget=100)
+    study = h.study()
+    runner = h.runner(study)
+    said: list[str] = []
+    runner.say = said.append
+    runner.loop()
+    assert [p.get("max_num_seqs") for p in h.launched] == [None, 4]
+    stop = said[-1]
+    assert stop.startswith("stopping: 40 suggestions in a row"), said
+    # Both kinds of skip are named with their counts, which add up to the run of skips.
+    parts = [part.split(" ", 1) for part in stop.split("): ")[1].split(", ")]
+    counts = {kind: int(n) for n, kind in parts}
+    assert set(counts) == {"pruned (too small to try)", "repeats of a measured config"}
+    assert sum(counts.values()) == 40
+
+
 def test_launch_failures_are_failed_trials_and_teach_the_crash_memory(tmp_path: Path) -> None:
     h = Harness(tmp_path, [8, 64], budget=3)
     h.fail_on = {64}
