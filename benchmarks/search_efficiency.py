@@ -1113,9 +1113,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {method:<12} {shown}   ({time.monotonic() - t0:.0f} s)")
             if method == "new":
                 print(f"  {'':<12} stopped at " + " ".join(str(r.launches) for r in runs))
-                print(
-                    f"  {'':<12} pruned after a miss " + " ".join(str(r.learned) for r in runs)
-                )
+                print(f"  {'':<12} pruned after a miss " + " ".join(str(r.learned) for r in runs))
             rows.append(
                 [
                     name,

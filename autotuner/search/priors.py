@@ -323,9 +323,7 @@ def memory_fix(
             continue
         default = float(p.default)
         passing = [
-            v
-            for v in _grid_values(p)
-            if isinstance(v, int | float) and over({p.name: v}) is None
+            v for v in _grid_values(p) if isinstance(v, int | float) and over({p.name: v}) is None
         ]
         if passing:
             best = min(passing, key=lambda v: (abs(float(v) - default), -float(v)))

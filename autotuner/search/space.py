@@ -768,8 +768,10 @@ def _check_strategy(spec: _File) -> list[tuple[KeyPath, str]]:
             if v.prior is not None:
                 priors.append(((*base, "per_device", dev, "prior"), v.prior, v))
         for key, prior, where in priors:
-            problems += [((*key, k), f"params.{d.name}: prior: {m}") for k, m in
-                         _check_prior(d, prior, where)]
+            problems += [
+                ((*key, k), f"params.{d.name}: prior: {m}")
+                for k, m in _check_prior(d, prior, where)
+            ]
         for j, h in enumerate(d.hopeless_when):
             key = (*base, "hopeless_when", j)
             problems += [

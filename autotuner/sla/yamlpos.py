@@ -126,9 +126,7 @@ def check_bounds(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_
             else:
                 total += size
             if total + sum(s for _, s in stack) > max_nodes:
-                raise _too_large(
-                    f"aliases expand to more than {max_nodes} nodes", event.start_mark
-                )
+                raise _too_large(f"aliases expand to more than {max_nodes} nodes", event.start_mark)
     finally:
         loader.dispose()
 

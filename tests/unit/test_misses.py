@@ -239,6 +239,7 @@ def test_a_miss_prunes_its_worse_neighbours_in_the_loop_and_after_a_resume(
         "hopeless: max_num_seqs 128 >= 64, which missed p99_tpot_ms at the SLA's load in "
         "trial 1: more slots never lower TPOT"
     )
+
     # No launch follows from an earlier miss: more slots at the same block size.
     def block(p: Mapping[str, Any]) -> int:
         return int(p.get("block_size", 16))

@@ -43,8 +43,12 @@ def _sla(tmp_path: Path, old: str, new: str) -> Path:
         ("{synth: tiny-llama}", "{synth: llama-9000}", 1, "unknown architecture"),
         ("p99_ttft_ms: 500", "p99_ttft_ms: 500\ntune: {storage: not a url}", 9, "database URL"),
         ("input_tokens: 64", "input_tokens: 4090", 3, "does not fit the model's context"),
-        ("model: {synth: tiny-llama}", "model: {synth: tiny-llama}\nengine:\n"
-         "  params: {max_model_len: 70}", 5, "context of 70 tokens"),
+        (
+            "model: {synth: tiny-llama}",
+            "model: {synth: tiny-llama}\nengine:\n  params: {max_model_len: 70}",
+            5,
+            "context of 70 tokens",
+        ),
     ],
 )
 def test_check_refuses(
