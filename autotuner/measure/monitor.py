@@ -30,12 +30,18 @@ logger = logging.getLogger(__name__)
 Samples = dict[str, float]
 
 
-def parse_metrics(text: str) -> Samples:
-    """Prometheus text -> ``{sample name: value summed over label sets}``."""
+def parse_metrics(text: str, shares: frozenset[str] = frozenset()) -> Samples:
+    """Prometheus text -> ``{sample name: value summed over label sets}``; a share (a
+    fraction of one engine's KV cache, one label set per data-parallel rank) takes the
+    highest of its label sets instead: summed, two ranks' 60 % read as 120 %."""
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+            value = float(sample.value)
+            if sample.name in shares and sample.name in out:
+                out[sample.name] = max(out[sample.name], value)
+            else:
+                out[sample.name] = out.get(sample.name, 0.0) + value
     return out
 
 
@@ -215,7 +221,8 @@ class Monitor:
                 if resp.status != 200:
                     logger.debug("%s/metrics answered HTTP %d", base_url, resp.status)
                     return {}
-                return parse_metrics(await resp.text())
+                shares = frozenset(self.metrics.gauges.get("kv_cache_usage", ()))
+                return parse_metrics(await resp.text(), shares)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             logger.debug("%s/metrics not scraped: %r", base_url, exc)
             return {}

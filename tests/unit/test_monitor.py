@@ -33,6 +33,21 @@ def test_parse_sums_label_sets() -> None:
     assert s["vllm:request_queue_time_seconds_count"] == 4.0
 
 
+def test_a_kv_share_per_data_parallel_rank_is_the_highest_not_the_sum() -> None:
+    text = """
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.6
+vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.7
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="0"} 3.0
+vllm:num_requests_running{model_name="m",engine="1"} 4.0
+"""
+    s = parse_metrics(text, frozenset({"vllm:kv_cache_usage_perc"}))
+    assert s["vllm:kv_cache_usage_perc"] == pytest.approx(0.7)
+    assert s["vllm:num_requests_running"] == 7.0  # requests on both ranks
+    assert parse_metrics(text)["vllm:kv_cache_usage_perc"] == pytest.approx(1.3)
+
+
 def test_summary_is_deltas_and_means() -> None:
     before = {
         "vllm:num_preemptions_total": 1.0,
