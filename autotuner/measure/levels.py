@@ -13,17 +13,21 @@ order-statistic bounds of the level's latencies (those of successful requests, l
 value the tables show; failures count through ``max_error_rate``); every other constraint
 (means, rates, goodput, error rate, memory, p100) from its point value, which is what it
 is: a mean over the level or a count, not a tail estimate. A metric that could not be
-measured at all misses.
+measured at all misses. Whatever the constraints say, an open-loop level whose engine did not
+keep up with the rate it was sent misses (:mod:`autotuner.measure.sustained`): a short level
+can end before the growing queue reaches a loose latency limit.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotuner.measure.evaluate import Evaluation
 from autotuner.measure.loadgen import LoadResult
 from autotuner.measure.quantile import Outcome, combine, quantile_interval, requests_needed
+from autotuner.measure.sustained import Sustained, least_sustained
 from autotuner.sla.spec import Constraint, Sla, parse_percentile_metric
 
 
@@ -120,17 +124,26 @@ LOAD_INDEPENDENT = frozenset({"peak_memory_gib"})
 
 @dataclass(frozen=True)
 class Judgement:
-    """What one level says: each constraint's verdict, the level's, and the margin the
-    capacity search interpolates (> 0: not shown met; None: nothing to interpolate)."""
+    """What one level says: each constraint's verdict, the level's, the margin the capacity
+    search interpolates (> 0: not shown met; None: nothing to interpolate), and the rates the
+    level sent and served (None: closed loop, or too few requests to tell)."""
 
     verdicts: dict[str, Outcome]
     verdict: Outcome
     margin: float | None
+    sustained: Sustained | None = None
 
 
-def judge(result: LoadResult, ev: Evaluation, sla: Sla, confidence: float) -> Judgement:
+def judge(
+    result: LoadResult,
+    ev: Evaluation,
+    sla: Sla,
+    confidence: float,
+    runs: Sequence[LoadResult] | None = None,
+) -> Judgement:
     """Each constraint's verdict on one level (see the module docstring), and the level's
     search margin: the largest over the constraints of the margin that decides ``meets``.
+    ``runs``: the runs :func:`pooled` into ``result``, when it pools several.
 
     For a percentile limit that is the margin of the percentile's upper confidence bound,
     not of its point value, so that the margin crosses zero where the verdicts turn from
@@ -142,6 +155,10 @@ def judge(result: LoadResult, ev: Evaluation, sla: Sla, confidence: float) -> Ju
     pool at start): met, its margin is the same at every rate, and as the largest margin it
     would put the interpolated crossing next to the low edge (on an H200 a memory margin of
     -4 % against p99 TPOT's -42 % aimed the next level at 16 req/s for a crossing near 20).
+
+    A level the engine did not sustain misses whatever its constraints say, and the shortfall
+    of its served rate counts as one more margin. A sustained level's served/sent ratio is
+    near 1 at every rate below capacity, so, like peak memory, it counts only when violated.
     """
     verdicts: dict[str, Outcome] = {}
     margins: list[float] = []
@@ -165,8 +182,13 @@ def judge(result: LoadResult, ev: Evaluation, sla: Sla, confidence: float) -> Ju
             informative = False  # too few requests for an upper bound: no margin to use
         else:
             margins.append((interval.upper - c.limit) / c.limit)
+    kept = least_sustained(runs or (result,))
+    outcomes: list[Outcome] = list(verdicts.values())
+    if kept is not None and not kept.ok:
+        outcomes.append("misses")
+        margins.append(kept.margin)
     margin = max(margins) if informative and margins else None
-    return Judgement(verdicts, combine(verdicts.values()), margin)
+    return Judgement(verdicts, combine(outcomes), margin, kept)
 
 
 def pooled(a: LoadResult, b: LoadResult) -> LoadResult:

@@ -224,6 +224,11 @@ class LevelRecord(BaseModel):
     verdicts: dict[str, Literal["meets", "misses", "undecided"]] = Field(default_factory=dict)
     requests: int | None = None
     runs: int = 1
+    # The rates the level sent and served (req/s) and whether the engine kept up; None in
+    # older files, for closed-loop levels, and where too few requests succeeded to tell.
+    sent_rate: float | None = None
+    served_rate: float | None = None
+    sustained: bool | None = None
 
 
 class TrialFile(Record):

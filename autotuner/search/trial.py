@@ -42,6 +42,7 @@ from autotuner.measure.levels import judge, level_size, pooled
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.measure.quantile import Outcome
+from autotuner.measure.sustained import describe as describe_sustained
 from autotuner.measure.workload import Arrival
 from autotuner.records.trial import CapacityRecord, TrialFile, legacy_capacity
 from autotuner.search.layout import CAPACITY_PER_GPU, devices_used
@@ -91,6 +92,17 @@ class Level:
     verdicts: dict[str, Outcome] = field(default_factory=dict)  # per constraint key
     requests: int | None = None  # measured requests (pooled runs together)
     runs: int = 1  # runs at this load pooled into the level (2: an undecided one re-measured)
+    # The rates the level sent and served, req/s (None: closed loop, too few requests to tell,
+    # or an older record), and whether the engine kept up (autotuner.measure.sustained).
+    sent_rate: float | None = None
+    served_rate: float | None = None
+    sustained: bool | None = None
+
+    def sustain_note(self) -> str | None:
+        """``not sustained: served 8.1 of 17.1 req/s sent`` when the engine fell behind."""
+        if self.sustained is not False or self.sent_rate is None or self.served_rate is None:
+            return None
+        return describe_sustained(self.sent_rate, self.served_rate, False)
 
 
 @dataclass(frozen=True)
@@ -258,7 +270,8 @@ def describe_stop(
             f"could not tell whether it meets the SLA at {at}: "
             f"{_keys(last.verdicts, 'undecided')} undecided after {last.requests} requests"
         )
-    return f"misses the SLA at {at} ({_keys(last.verdicts, 'misses')})"
+    why = [k for k in (_keys(last.verdicts, "misses"), last.sustain_note()) if k]
+    return f"misses the SLA at {at} ({'; '.join(why)})"
 
 
 async def _measure_levels(
@@ -283,6 +296,7 @@ async def _measure_levels(
     metrics = adapter_of(sla).metrics
     levels: list[Level] = []
     previous: LoadResult | None = None  # the run an undecided level's re-measure pools with
+    parts: list[LoadResult] = []  # the runs pooled into ``previous``, each judged for sustain
     while (load := search.next_rate()) is not None:
         i = len(levels)
         again = search.extending and previous is not None
@@ -295,11 +309,12 @@ async def _measure_levels(
         for uuid, held in result.monitor.get("engine_gpus", {}).items():
             engine_gpus[uuid] = max(engine_gpus.get(uuid, 0), held)
         runs = 1
+        parts = [*parts, result] if again else [result]
         if again and previous is not None:
             result = pooled(previous, result)
             runs = levels[-1].runs + 1
         ev = evaluate(result, sla)
-        judged = judge(result, ev, sla, sla.tune.confidence)
+        judged = judge(result, ev, sla, sla.tune.confidence, parts)
         verdicts, verdict = judged.verdicts, judged.verdict
         search.record(load, verdict, judged.margin)
         previous = result
@@ -318,6 +333,9 @@ async def _measure_levels(
                 verdicts=verdicts,
                 requests=len(result.records),
                 runs=runs,
+                sent_rate=kept.sent_rate if (kept := judged.sustained) else None,
+                served_rate=kept.served_rate if kept else None,
+                sustained=kept.ok if kept else None,
             )
         )
         goodput = ev.metrics.get("goodput")
@@ -325,6 +343,8 @@ async def _measure_levels(
             verdict, f"undecided ({_keys(verdicts, 'undecided')})"
         )
         pooled_note = f", {runs} runs pooled" if runs > 1 else ""
+        if note := levels[-1].sustain_note():
+            shown += f" ({note})"
         say(
             f"    level {i + 1}: {_arrival(base, load).describe()}, {len(result.records)} "
             f"requests{pooled_note} -> {shown}, goodput "

@@ -154,3 +154,50 @@ def test_a_met_memory_limit_does_not_set_the_search_margin() -> None:
     over = LoadResult(ok.plan, ok.records, ok.duration_s, 0, {"peak_memory_bytes": 132 * 2**30})
     j = judge(over, evaluate(over, s), s, 0.95)
     assert j.verdict == "misses" and j.margin == pytest.approx(2 / 130)
+
+
+def paced(rate: float, served: float, n: int = 40) -> LoadResult:
+    """``n`` requests sent every 1/rate s to a FIFO engine that takes up one every
+    1/served s: TTFT far inside a loose limit whether the engine keeps up or not."""
+    records, free = [], 0.0
+    for i in range(n):
+        sent = i / rate
+        start = max(free, sent)
+        free = start + 1 / served
+        records.append(
+            RequestRecord(i, sent, 0.0, 4, ttft_s=start - sent + 0.05, itl_s=(0.01,) * 3,
+                          e2e_s=start - sent + 0.08, prompt_tokens=8, output_tokens=4)
+        )  # fmt: skip
+    plan = {"arrival": {"process": "poisson", "rate": rate}}
+    return LoadResult(plan, tuple(records), free)
+
+
+def test_a_level_the_engine_did_not_sustain_misses_whatever_its_limits_say() -> None:
+    s = parse_sla(sla("p90_ttft_ms: 3000"))
+    kept_up = paced(10.0, 20.0)
+    j = judge(kept_up, evaluate(kept_up, s), s, 0.95)
+    assert j.verdict == "meets" and j.sustained is not None and j.sustained.ok
+    assert j.margin == pytest.approx((50.0 - 3000) / 3000)  # the sustained ratio adds nothing
+    behind = paced(17.1, 8.0)
+    j = judge(behind, evaluate(behind, s), s, 0.95)
+    assert j.verdicts == {"p90_ttft_ms": "meets"}  # the limit alone would have met
+    assert j.verdict == "misses" and j.sustained is not None and not j.sustained.ok
+    assert j.sustained.served_rate == pytest.approx(8.0, rel=0.05)
+    # The shortfall is the search margin: > 0, so the capacity lies below this rate.
+    assert j.margin == pytest.approx(j.sustained.margin) and j.margin > 0
+
+
+def test_pooled_runs_are_judged_for_sustain_one_by_one() -> None:
+    # Pooled, two runs' send times overlap (each starts at 0): judged as one, the sent rate
+    # would double. Each run is judged on its own, and the worse decides.
+    s = parse_sla(sla("p90_ttft_ms: 3000"))
+    a, b = paced(10.0, 20.0), paced(10.0, 20.0)
+    both = pooled(a, b)
+    j = judge(both, evaluate(both, s), s, 0.95, [a, b])
+    assert j.verdict == "meets" and j.sustained is not None
+    assert j.sustained.sent_rate == pytest.approx(10.0)
+    slow = paced(10.0, 6.0)
+    both = pooled(a, slow)
+    j = judge(both, evaluate(both, s), s, 0.95, [a, slow])
+    assert j.verdict == "misses" and j.sustained is not None
+    assert j.sustained.served_rate == pytest.approx(6.0, rel=0.05)

@@ -57,6 +57,7 @@ class FakeLoad:
 
     plans: list[LoadPlan] = field(default_factory=list)
     fail_every: int | None = None  # every k-th request fails
+    serves: float | None = None  # req/s the engine completes at most: above, a queue grows
 
     async def __call__(self, base_url: str, model: str, plan: LoadPlan, **_: Any) -> LoadResult:
         self.plans.append(plan)
@@ -70,6 +71,8 @@ class FakeLoad:
                 )
                 continue
             t = ttft_ms(rate, i, n) / 1000
+            if self.serves is not None:  # one taken up every 1/serves s at most: FIFO
+                t = max(t, (i + 1) / self.serves - i / rate)
             records.append(
                 RequestRecord(
                     plan.factory.first_index + i,
@@ -252,3 +255,45 @@ def test_a_closed_loop_workload_searches_whole_concurrencies(
     assert [p.arrival.concurrency for p in fake.plans][:3] == [2, 3, 5]
     # Whole requests: the search ends when no concurrency lies strictly inside the bracket.
     assert (cap.high is not None and cap.high - cap.low <= 1) or cap.stopped_by == "budget"
+
+
+def test_a_level_the_engine_did_not_keep_up_with_misses_and_says_so(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    # The engine takes up 3 req/s at most; its TTFT grows over a level above that, but stays
+    # inside a loose limit: only the served rate shows that it fell behind.
+    fake.serves = 3.0
+    said: list[str] = []
+    sla = parse_sla(sla_text("p90_ttft_ms: 10000", requests=30, tune="max_levels: 3"))
+    result = run_trial(
+        {},
+        sla,
+        python=Path("python"),
+        model_dir=tmp_path / "model",
+        run_dir=tmp_path / "run",
+        cuda_devices=None,
+        settings=SearchSettings.of(sla),
+        say=said.append,
+    )
+    first, second = result.levels[:2]
+    assert (first.load, first.verdict, first.sustained) == (2.0, "meets", True)
+    assert (second.load, second.verdict, second.sustained) == (3.0, "meets", True)
+    third = result.levels[2]
+    assert third.load == 4.5 and third.verdicts == {"p90_ttft_ms": "meets"}
+    assert third.verdict == "misses" and third.sustained is False
+    assert third.sent_rate == pytest.approx(4.5)
+    assert third.served_rate is not None and third.served_rate == pytest.approx(3.0, rel=0.05)
+    note = third.sustain_note()
+    assert note == f"not sustained: served {third.served_rate:.3g} of 4.5 req/s sent"
+    assert any(line.startswith("    level 3:") and f"misses SLA ({note})" in line for line in said)
+    cap = result.capacity
+    assert cap is not None and cap.low == 3.0 and cap.high == 4.5
+    # The record keeps the rates; one written before them still loads.
+    saved = json.loads((tmp_path / "run" / "trial.json").read_text())
+    assert saved["levels"][2]["sustained"] is False
+    for level in saved["levels"]:
+        for key in ("sent_rate", "served_rate", "sustained"):
+            del level[key]
+    old = TrialResult.from_dict(saved)
+    assert [lv.sustained for lv in old.levels] == [None] * 3
+    assert old.levels[2].sustain_note() is None
