@@ -3,7 +3,7 @@
 An open-loop level sends on schedule whatever the engine does; an engine that serves less than
 it is sent builds a queue, and each request waits longer than the one before. A short level
 can end before that wait reaches a loose latency limit: on 2 CPU cores a 40-request level
-offered 17.1 req/s "met" a p90 TTFT limit of 3 s while the engine served 7.5-10 req/s. So a
+offered 17.1 req/s "met" a loose TTFT limit while the engine served 7.5-10 req/s. So a
 level's verdict also asks whether the engine kept up.
 
 The criterion is the slope of the successful requests' first-token times (send + TTFT)

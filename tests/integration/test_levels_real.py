@@ -32,7 +32,9 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
     workload = {
         "input_tokens": INPUT_TOKENS,
         "output_tokens": 8,
-        "arrival": {"process": "poisson", "rate": 2.0},
+        # Levels at 1, 1.5 and 2.25 req/s: clear of what the engine serves of these prompts
+        # on 2 cores (a level at 3 req/s, sent at 4, served 2.9 and was not sustained).
+        "arrival": {"process": "poisson", "rate": 1.0},
         "requests": REQUESTS,
         "seed": 5,
     }
@@ -69,4 +71,51 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
         engine = level.engine
         assert engine["prefix_cache_queries"] >= REQUESTS * INPUT_TOKENS, engine
         assert engine["prefix_cache_hit_rate"] < 0.05, engine
+    assert_no_leftovers(tag)
+
+
+def test_a_level_far_above_what_the_engine_serves_is_not_sustained(
+    vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tiny model on 2 cores serves about 12 req/s of these requests. A 40-request level
+    # offered 64 req/s is sent in under a second: its p90 TTFT stays under a loose limit (about
+    # 2 s), so only the served rate shows the engine fell behind.
+    monkeypatch.setenv(TAG_VAR, tag)
+    workload = {
+        "input_tokens": 64,
+        "output_tokens": 16,
+        "arrival": {"process": "poisson", "rate": 4.0},
+        "requests": 40,
+        "seed": 7,
+    }
+    sla = cpu_sla(
+        "it-sustained",
+        workload,
+        constraints={"p90_ttft_ms": 60000, "max_error_rate": 0.0},
+        model={"path": str(tiny_model)},
+    )
+    spec = parse_sla(yaml.safe_dump(sla))
+    said: list[str] = []
+    result = run_trial(
+        dict(spec.engine.params),
+        spec,
+        python=vllm_python,
+        model_dir=tiny_model,
+        run_dir=tmp_path / "run",
+        cuda_devices=None,
+        settings=SearchSettings(max_levels=2, step=16.0),
+        say=said.append,
+    )
+    assert result.status == "complete", (result.reason, result.extra.get("log_tail"))
+    low, high = result.levels
+    assert (low.load, low.verdict, low.sustained) == (4.0, "meets", True), low
+    assert (high.load, high.verdicts) == (64.0, {"p90_ttft_ms": "meets", "max_error_rate": "meets"})
+    assert high.verdict == "misses" and high.sustained is False, high
+    assert high.sent_rate is not None and high.served_rate is not None
+    assert high.served_rate < 0.6 * high.sent_rate, high
+    note = high.sustain_note()
+    assert note is not None and note.startswith("not sustained: served ")
+    assert any(line.startswith("    level 2:") and note in line for line in said), said
+    cap = result.capacity
+    assert cap is not None and (cap.low, cap.high) == (4.0, 64.0)
     assert_no_leftovers(tag)
