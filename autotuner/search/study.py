@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import time
 import warnings
 from collections import Counter
@@ -225,9 +227,7 @@ def fail_stale(study: optuna.Study, say: Say) -> list[int]:
     on another host where it can't be seen, is left alone.
     """
     stale = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state != TrialState.RUNNING:
-            continue
+    for t in _running(study):
         owner = TrialRecord.from_trial(t).owner
         state = owner_state(owner)
         if state == "gone":
@@ -235,14 +235,37 @@ def fail_stale(study: optuna.Study, say: Say) -> list[int]:
         elif owner is not None:
             alive = "still running" if state == "alive" else "may still run (another host)"
             say(f"trial {t.number} is running in {owner.describe()}, which {alive}: left alone")
+    return _requeue(study, stale, say)
+
+
+def release_own(study: optuna.Study, say: Say) -> list[int]:
+    """Fail this process's RUNNING trials and queue their configs again, on an interrupt.
+
+    Left RUNNING, a trial would be failed only by the next run on this host; a run resumed on
+    another machine (a host name it can't check) would leave it alone and never measure it.
+    """
+    me = os.getpid(), socket.gethostname()
+    own = [
+        t
+        for t in _running(study)
+        if (o := TrialRecord.from_trial(t).owner) is not None and (o.pid, o.host) == me
+    ]
+    return _requeue(study, own, say)
+
+
+def _running(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+
+
+def _requeue(study: optuna.Study, trials: list[FrozenTrial], say: Say) -> list[int]:
     storage = study._storage  # public API has no way to fail another process's trial
-    for t in stale:
+    for t in trials:
         TrialRecord(interrupted=True).save(partial(storage.set_trial_user_attr, t._trial_id))
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if not TrialRecord.from_trial(t).baseline and t.params:
             study.enqueue_trial(t.params, user_attrs=TrialRecord(requeued_from=t.number).attrs())
         say(f"trial {t.number} was interrupted: failed, and its config queued again")
-    return [t.number for t in stale]
+    return [t.number for t in trials]
 
 
 def _requeued_values(trial: optuna.Trial) -> dict[str, ParamValue] | None:

@@ -51,6 +51,7 @@ from autotuner.search.study import (
     grid_budget,
     make_sampler,
     open_study,
+    release_own,
     storage_url,
 )
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
@@ -385,6 +386,9 @@ def _tune(
         ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
         profiling = profile_run if kernel_profile.enabled(sla) else None
         return promote(ctx, confirm_run, _say, profiling, gate=gate_run)
+    except KeyboardInterrupt:
+        release_own(study, _say)  # so a resume on any machine measures them again
+        raise
     finally:
         if remote is not None:
             remote.close()

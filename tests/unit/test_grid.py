@@ -20,6 +20,7 @@ from autotuner.search.study import (
     grid_budget,
     make_sampler,
     open_study,
+    release_own,
     storage_url,
 )
 from autotuner.search.trial import Level, TrialResult
@@ -58,6 +59,7 @@ class Grid:
         self.dir = tmp
         self.url = storage_url(tmp, None)
         self.launched: list[dict[str, Any]] = []
+        self.interrupt_at: int | None = None  # Ctrl-C during the launch after this many
 
     def study(self, budget: int) -> optuna.Study:
         sampler = make_sampler("grid", budget, 2, 0, GRID)
@@ -69,6 +71,8 @@ class Grid:
             return {**values, **EXTRA}
 
         def run(params: Mapping[str, Any], trial_dir: Path) -> TrialResult:
+            if len(self.launched) == self.interrupt_at:
+                raise KeyboardInterrupt
             self.launched.append(dict(params))
             trial_dir.mkdir(parents=True, exist_ok=True)
             (trial_dir / "trial.json").write_text("{}")
@@ -183,6 +187,29 @@ def test_a_resumed_grid_repeats_nothing(tmp_path: Path) -> None:
     g.runner(study, 10).loop()
     assert sorted(g.points()) == ALL_POINTS  # the interrupted point ran again, nothing twice
     assert sum("max_num_seqs" not in p for p in g.launched) == 1  # one baseline
+
+
+def test_an_interrupted_point_is_measured_when_resumed_on_another_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = Grid(tmp_path)
+    g.interrupt_at = 3  # the baseline and 2 points measured
+    with pytest.raises(KeyboardInterrupt):
+        g.runner(g.study(10), 10).loop()
+    g.interrupt_at = None
+    study = g.study(10)
+    [cut] = [t.number for t in study.trials if t.state == TrialState.RUNNING]
+    said: list[str] = []
+    assert release_own(study, said.append) == [cut]
+    assert said == [f"trial {cut} was interrupted: failed, and its config queued again"]
+    # The next session runs on a machine whose host name differs: nothing is left RUNNING
+    # for it to guess about, and the interrupted point is measured.
+    monkeypatch.setattr("autotuner.search.lock.socket.gethostname", lambda: "another-host")
+    study = g.study(10)
+    assert fail_stale(study, lambda s: None) == []
+    g.runner(study, 10).loop()
+    assert sorted(g.points()) == ALL_POINTS  # each point once, the interrupted one included
+    assert not any(t.state == TrialState.RUNNING for t in study.trials)
 
 
 def test_grid_needs_values() -> None:

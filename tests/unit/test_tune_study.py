@@ -280,6 +280,37 @@ def test_the_start_up_sweep_fails_only_trials_whose_owner_is_gone(tmp_path: Path
     assert fail_stale(study, said.append) == [live]  # its owner is gone now
 
 
+def test_an_interrupted_tune_leaves_no_trial_running_and_a_resume_elsewhere_measures_it(
+    tmp_path: Path,
+    launches: Launches,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    measure = launches  # the fixture's fake launch
+
+    def ctrl_c_on_the_second(params: Mapping[str, Any], sla: Sla, **kw: Any) -> TrialResult:
+        if len(launches.calls) == 1:  # the baseline measured; Ctrl-C during the next launch
+            launches.calls.append((dict(params), kw["run_dir"]))
+            raise KeyboardInterrupt
+        return measure(params, sla, **kw)
+
+    monkeypatch.setattr(tune_module, "run_trial", ctrl_c_on_the_second)
+    assert _tune(tmp_path) == 130
+    cut = launches.calls[1][0]
+    url = storage_url(tmp_path / "trials" / NAME, None)
+    trials = optuna.load_study(study_name=NAME, storage=url).get_trials(deepcopy=False)
+    assert [t.state for t in trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert trials[1].user_attrs["interrupted"] is True
+    assert "trial 1 was interrupted: failed, and its config queued again" in capsys.readouterr().out
+    # Resumed on another machine (another host name): the cut config is measured again.
+    monkeypatch.setattr(tune_module, "run_trial", measure)
+    monkeypatch.setattr("autotuner.search.lock.socket.gethostname", lambda: "another-host")
+    launches.calls.clear()
+    _tune(tmp_path)
+    searched = [p for p, d in launches.calls if "confirm" not in d.parts]
+    assert searched[0] == cut
+
+
 # --------------------------------------------------------------------------- a damaged study
 
 
