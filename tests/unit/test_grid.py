@@ -11,6 +11,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotuner.bundle.summary import render
 from autotuner.search.space import ParamOverride, SearchSpace, load_space
 from autotuner.search.study import (
     Budget,
@@ -202,6 +203,8 @@ def test_an_interrupted_point_is_measured_when_resumed_on_another_host(
     said: list[str] = []
     assert release_own(study, said.append) == [cut]
     assert said == [f"trial {cut} was interrupted: failed, and its config queued again"]
+    report = render(study, g.dir)
+    assert f"trial {cut}'s config, queued again" in report  # not "engine defaults"
     # The next session runs on a machine whose host name differs: nothing is left RUNNING
     # for it to guess about, and the interrupted point is measured.
     monkeypatch.setattr("autotuner.search.lock.socket.gethostname", lambda: "another-host")
