@@ -16,6 +16,10 @@ its own load (or fail to start). No engine runs here. Surfaces:
   the defaults were measured, so the search runs over that grid (a config outside it would
   replay as its nearest grid point on a log scale). That doc's caveat holds: levels above the
   first re-sent cached prompts, so the goodputs that rank the points are overstated.
+* ``h200-8b-equal-memory``: the later grid study of the same shape and SLA at equal memory
+  (``docs/benchmarks/h200-llama3-8b-capacity/grid/``, a study tarball): every config, the
+  defaults included, at ``gpu_memory_utilization`` 0.88, ranked by capacity measured to 3 %
+  with fresh prompts per level; a grid point it has not measured yet replays as its nearest.
 
 A trial measures with seeded multiplicative noise (``--noise``, 5 %): goodput and both p99
 latencies are perturbed, so configs near a limit can be measured on the wrong side of it.
@@ -67,12 +71,13 @@ import os
 import platform
 import shlex
 import sys
+import tarfile
 import tempfile
 import textwrap
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -517,6 +522,10 @@ class Replayable(Protocol):
 # --------------------------------------------------------------------------- measured surface
 
 H200_GRID = Path(__file__).resolve().parent.parent / "docs/benchmarks/h200-llama3-8b/trials"
+H200_EQUAL_MEMORY = (
+    Path(__file__).resolve().parent.parent
+    / "docs/benchmarks/h200-llama3-8b-capacity/grid/llama3-8b-h200-grid.tar.gz"
+)
 H200_DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}  # vLLM 0.26, H200
 
 
@@ -551,28 +560,62 @@ class RealSurface:
 
     @classmethod
     def load(cls, folder: Path = H200_GRID) -> RealSurface:
+        """The first grid study: one ``trial-NNN.json`` per launch, ranked by SLA goodput."""
+        files = sorted(folder.glob("trial-*.json"))
+        launches = ((int(f.stem.split("-")[1]), json.loads(f.read_text())) for f in files)
+        doc = " ".join((cls.__doc__ or "").split())
+        return cls._of("h200-8b-real", doc, launches, by_capacity=False)
+
+    @classmethod
+    def load_study(cls, tarball: Path = H200_EQUAL_MEMORY) -> RealSurface:
+        """The equal-memory grid study: its tarball's ``trial-NNN/trial.json`` records, ranked
+        by measured capacity (bracketed to 3 %); a launch without a record (interrupted) is
+        left out, and a grid point not yet measured replays as its nearest (``nearest``)."""
+        launches = []
+        with tarfile.open(tarball) as tar:
+            for member in tar.getmembers():
+                parts = Path(member.name).parts
+                if member.isfile() and parts[-1] == "trial.json" and len(parts) >= 2:
+                    f = tar.extractfile(member)
+                    if f is not None:
+                        launches.append((int(parts[-2].split("-")[1]), json.load(f)))
+        doc = (
+            "The H200 grid study at equal memory (docs/benchmarks/h200-llama3-8b-capacity.md, "
+            "third piece): the same model, SLA and grid as h200-8b-real, but every config, the "
+            "engine defaults included, at gpu_memory_utilization 0.88 (all met the SLA at 15 "
+            "req/s), fresh prompts per level, and capacity measured to 3 % in place of goodput."
+        )
+        return cls._of("h200-8b-equal-memory", doc, sorted(launches), by_capacity=True)
+
+    @classmethod
+    def _of(
+        cls, name: str, doc: str, launches: Iterable[tuple[int, dict[str, Any]]], by_capacity: bool
+    ) -> RealSurface:
         records: dict[tuple[int, int], Measured] = {}
-        for f in sorted(folder.glob("trial-*.json")):
-            data = json.loads(f.read_text())
+        for trial, data in launches:
+            if not data.get("levels"):
+                continue
             level0 = data["levels"][0]
             best = data["best"]
-            goodput = data["levels"][best]["metrics"]["goodput"] if best is not None else 0.0
+            if by_capacity:
+                capacity = data.get("capacity") or {}
+                goodput = float(capacity.get("value") or 0.0) if best is not None else 0.0
+            else:
+                goodput = data["levels"][best]["metrics"]["goodput"] if best is not None else 0.0
             params = {**H200_DEFAULTS, **data["params"]}
             key = (int(params["max_num_seqs"]), int(params["max_num_batched_tokens"]))
             metrics = {k: float(v) for k, v in level0["metrics"].items() if v is not None}
-            trial = int(f.stem.split("-")[1])
             records[key] = Measured(trial, best is not None, goodput, metrics, level0["margins"])
         order = sorted(records, key=lambda k: records[k].trial)
         sla = parse_sla(
-            "name: h200-8b-real\n"
+            f"name: {name}\n"
             "model: {synth: llama-3.1-8b}\n"
             "workload: {input_tokens: 1024, output_tokens: 256, "
             "arrival: {process: poisson, rate: 15}, requests: 300}\n"
             "constraints: {p99_ttft_ms: 300, p99_tpot_ms: 20, max_gpu_memory_gib: 130}\n"
             "objectives: [{maximize: goodput}]\n"
         )
-        doc = " ".join((cls.__doc__ or "").split())
-        return cls("h200-8b-real", doc, sla, records, order)
+        return cls(name, doc, sla, records, order)
 
     def _key(self, p: Params) -> tuple[int, int]:
         full = {**H200_DEFAULTS, **{k: v for k, v in p.items() if v is not None}}
@@ -661,12 +704,17 @@ def _real() -> Replayable:
     return RealSurface.load()
 
 
+def _equal_memory() -> Replayable:
+    return RealSurface.load_study()
+
+
 SURFACES: dict[str, Callable[[], Replayable]] = {
     "h200-8b-like": h200_8b_like,
     "latency-bound": latency_bound,
     "memory-bound": memory_bound,
     "defaults-best": defaults_best,
     "h200-8b-real": _real,
+    "h200-8b-equal-memory": _equal_memory,
 }
 
 
