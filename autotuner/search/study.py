@@ -262,7 +262,10 @@ def _requeue(study: optuna.Study, trials: list[FrozenTrial], say: Say) -> list[i
     for t in trials:
         TrialRecord(interrupted=True).save(partial(storage.set_trial_user_attr, t._trial_id))
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        if not TrialRecord.from_trial(t).baseline and t.params:
+        if TrialRecord.from_trial(t).baseline:  # re-run first by the next run, unqueued
+            say(f"trial {t.number} was interrupted: failed; the baseline runs again")
+            continue
+        if t.params:
             study.enqueue_trial(t.params, user_attrs=TrialRecord(requeued_from=t.number).attrs())
         say(f"trial {t.number} was interrupted: failed, and its config queued again")
     return [t.number for t in trials]

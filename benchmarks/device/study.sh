@@ -8,6 +8,13 @@
 #
 #   bash benchmarks/device/study.sh start SLA.yaml [STUDY_TARBALL]   # vLLM already in /tmp/site
 #   bash benchmarks/device/study.sh follow STUDY_NAME [SECONDS]
+#   bash benchmarks/device/study.sh stop STUDY_NAME [SECONDS]   # at the next launch's start
+#
+# `stop` ends a piece cleanly: it waits (up to SECONDS) for the launch in progress to finish,
+# then sends SIGTERM (a tune started in the background ignores SIGINT), which stops the engine
+# and re-queues the launch just begun, and leaves the study without its per-request level files.
+# `follow` and `stop` find the tuner with `pgrep -f "autotuner tune"`: run them where it is the
+# only tune, from a command line that does not itself contain those words.
 #
 # Expects vLLM 0.26.0 in /tmp/site (../shared/device/README.md) and the tuner's Python 3.12
 # dependency wheels in .wheels/ (docs/benchmarks/h200-llama3-8b.md, "Commands").
@@ -42,5 +49,19 @@ follow)
         python3 -m autotuner report "$name" > "$OUT/report.txt" 2>&1 || true
     fi
     ;;
-*) echo "usage: study.sh start SLA [TARBALL] | follow NAME [SECONDS]" >&2; exit 2 ;;
+stop)
+    name=${2:?study name}
+    limit=${3:-300}
+    seen=$(grep -c '^trial [0-9]* (' /tmp/tune.log || true)
+    while pgrep -f "autotuner tune" > /dev/null && [ "$SECONDS" -lt "$limit" ] \
+        && [ "$(grep -c '^trial [0-9]* (' /tmp/tune.log || true)" -le "$seen" ]; do sleep 5; done
+    pkill -TERM -f "autotuner tune" || true
+    while pgrep -f "autotuner tune" > /dev/null && [ "$SECONDS" -lt $((limit + 60)) ]; do sleep 1; done
+    tail -8 /tmp/tune.log
+    if [ -n "${OUT:-}" ] && [ -d "trials/$name" ]; then
+        tar czf "$OUT/$name.tar.gz" --exclude='level-*.json' --exclude=tune.lock -C trials "$name"
+        cp /tmp/tune.log "$OUT/tune.log"
+    fi
+    ;;
+*) echo "usage: study.sh start SLA [TARBALL] | follow NAME [SECONDS] | stop NAME [SECONDS]" >&2; exit 2 ;;
 esac

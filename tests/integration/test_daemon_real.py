@@ -302,7 +302,7 @@ def test_daemon_end_to_end(
     job = daemon.job(job_id)
     assert job["state"] == "done", (job, log.read_text()[-3000:])
     assert job["attempts"] == 2  # the one the kill interrupted, and the resumed one
-    assert "was interrupted: failed, and its config queued again" in log.read_text()
+    assert "was interrupted: failed" in log.read_text()  # and queued again, or the baseline re-run
 
     db = daemon.state / "studies" / SLA_NAME / "cpu-032" / SLA_NAME / "study.db"
     study = optuna.load_study(study_name=SLA_NAME, storage=f"sqlite:///{db}")

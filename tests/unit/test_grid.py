@@ -215,6 +215,22 @@ def test_an_interrupted_point_is_measured_when_resumed_on_another_host(
     assert not any(t.state == TrialState.RUNNING for t in study.trials)
 
 
+def test_an_interrupted_baseline_runs_again_first_and_is_not_queued(tmp_path: Path) -> None:
+    g = Grid(tmp_path)
+    g.interrupt_at = 0  # Ctrl-C during the very first launch, the engine defaults
+    with pytest.raises(KeyboardInterrupt):
+        g.runner(g.study(10), 10).loop()
+    g.interrupt_at = None
+    study = g.study(10)
+    said: list[str] = []
+    assert release_own(study, said.append) == [0]
+    assert said == ["trial 0 was interrupted: failed; the baseline runs again"]
+    assert not any(t.state == TrialState.WAITING for t in study.trials)
+    g.runner(study, 10).loop()
+    assert sorted(g.points()) == ALL_POINTS
+    assert sum("max_num_seqs" not in p for p in g.launched) == 1  # the baseline, once
+
+
 def test_grid_needs_values() -> None:
     text = SLA.replace("{values: [8, 16, 32]}", "{low: 8}").replace(
         "max_num_batched_tokens: {values: [256, 512, 1024]}", "max_num_batched_tokens: true"
