@@ -187,6 +187,17 @@ def test_a_level_the_engine_did_not_sustain_misses_whatever_its_limits_say() -> 
     assert j.margin == pytest.approx(j.sustained.margin) and j.margin > 0
 
 
+def test_an_engine_falling_behind_sets_the_margin_before_the_level_misses() -> None:
+    # Served 85 % of what was sent: still sustained (>= 80 %), but the TTFT margin against a
+    # loose limit (-98 %) says nothing of how close the edge is; the served ratio's does.
+    s = parse_sla(sla("p90_ttft_ms: 3000"))
+    near = paced(10.0, 8.5, n=60)
+    j = judge(near, evaluate(near, s), s, 0.95)
+    assert j.verdict == "meets" and j.sustained is not None and j.sustained.ok
+    assert 0.8 <= j.sustained.ratio < 0.9
+    assert j.margin == pytest.approx(j.sustained.margin) and -0.125 < j.margin < 0
+
+
 def test_pooled_runs_are_judged_for_sustain_one_by_one() -> None:
     # Pooled, two runs' send times overlap (each starts at 0): judged as one, the sent rate
     # would double. Each run is judged on its own, and the worse decides.
