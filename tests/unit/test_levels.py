@@ -196,6 +196,12 @@ def test_an_engine_falling_behind_sets_the_margin_before_the_level_misses() -> N
     assert j.verdict == "meets" and j.sustained is not None and j.sustained.ok
     assert 0.8 <= j.sustained.ratio < 0.9
     assert j.margin == pytest.approx(j.sustained.margin) and -0.125 < j.margin < 0
+    # Well below the edge (served 97 % of sent) the ratio's margin would be a constant -21 %
+    # that hides the latency margins: it does not count.
+    far = paced(10.0, 9.7, n=60)
+    j = judge(far, evaluate(far, s), s, 0.95)
+    assert j.sustained is not None and 0.95 <= j.sustained.ratio < 1
+    assert j.margin is not None and j.margin < -0.9
 
 
 def test_pooled_runs_are_judged_for_sustain_one_by_one() -> None:
