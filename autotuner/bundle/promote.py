@@ -185,7 +185,11 @@ def confirm(
         limit=limit,
     )
     if not selection.labels:
-        return not_confirmed(f"kept the baseline, no launch spent: {selection.reason}"), [], configs
+        reason = selection.reason
+        if not top and any(c.feasible and not c.baseline for c in candidates(ctx.study)):
+            # Candidates met the SLA but none reached the front: the baseline measured best.
+            reason = "no confirmation: the baseline measured best (no candidate on the front)"
+        return not_confirmed(f"kept the baseline, no launch spent: {reason}"), [], configs
     if spec.replicates < 2:
         lead = selection.labels[0]
         if not base_value:

@@ -20,7 +20,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from autotuner.bundle.promote import Context, _replicate, promote
+from autotuner.bundle.promote import Context, _replicate, candidates, confirm, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.records.manifest import Manifest
@@ -369,6 +369,20 @@ def test_no_candidate_ahead_by_more_than_the_resolution_spends_no_launch(tmp_pat
     assert "violated above" not in plan
     text = render(ctx.study, ctx.study_dir)
     assert "confirmation: none run (no launch spent)" in text
+
+
+def test_a_front_of_the_baseline_alone_says_it_measured_best(tmp_path: Path) -> None:
+    # Candidates met the SLA but the baseline alone is on the front (a single capacity
+    # objective, the baseline ahead): the decision must not say no candidate met the SLA.
+    sc = Scenario()
+    ctx = _study(tmp_path, sc)
+    ranked = [c for c in candidates(ctx.study) if c.baseline]
+    assert any(c.feasible and not c.baseline for c in candidates(ctx.study))
+    decision, reps, _ = confirm(ctx, ranked, sc.confirm_run, lambda s: None)
+    assert reps == [] and sc.confirm_calls == []
+    assert decision.promoted == "baseline"
+    assert "the baseline measured best" in decision.reason
+    assert "no candidate met the SLA" not in decision.reason
 
 
 def test_one_replicate_cannot_confirm_so_none_is_launched(tmp_path: Path) -> None:
