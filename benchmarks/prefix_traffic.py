@@ -2,22 +2,22 @@
 
 A config tuned on random prompts sees no benefit from vLLM's prefix cache (nothing repeats) and
 may switch it off; chat traffic that shares system prompts then loses it. This script runs
-``autotuner tune`` twice on the real engine (CPU build, generated ``tiny-llama``), each with
+``autotuner tune`` once per workload on the real engine (CPU build, generated ``tiny-llama``), each with
 the search narrowed to ``enable_prefix_caching`` (a grid: the engine defaults, which have it
 on, then ``true``, then ``false``):
 
 * ``shared``: 64-token user prompts behind 768-token system prompts, 90 % of the requests
   sharing one of 4 (``workload.shared_prefix``);
 * ``random``: 832-token random prompts (the same length), Poisson arrivals, nothing shared;
-* ``random-128``: the same with 128-token prompts (``--workloads random-128``), a load a busy
-  2-core machine can still serve.
+* ``random-128``: the same with 128-token prompts, a load a busy 2-core machine can still
+  serve.
 
 and prints, per workload and launch, the measured capacity with its bracket, the share of
 prompt tokens the engine served from its prefix cache and its mean prefill time (engine
 metrics at the SLA's own load), and what the tuner promoted and why. Everything also goes to
 JSON; ``--report FILE`` prints a saved run again.
 
-Run (29 minutes on the busy 2-core machine: 6 launches of 2-5 minutes and 4 confirmation launches):
+Run (27 minutes on the idle 2-core machine: 9 launches of 2.5 minutes and 4 confirmation launches):
 ``python3 benchmarks/prefix_traffic.py --json benchmarks/results/prefix-traffic-cpu-2core.json``
 """
 
