@@ -2,9 +2,9 @@
 
 A config tuned on random prompts sees no benefit from vLLM's prefix cache (nothing repeats) and
 may switch it off; chat traffic that shares system prompts then loses it. This script runs
-``autotuner tune`` once per workload on the real engine (CPU build, generated ``tiny-llama``), each with
-the search narrowed to ``enable_prefix_caching`` (a grid: the engine defaults, which have it
-on, then ``true``, then ``false``):
+``autotuner tune`` once per workload on the real engine (CPU build, generated ``tiny-llama``),
+each with the search narrowed to ``enable_prefix_caching`` (a grid: the engine defaults, which
+have it on, then ``true``, then ``false``):
 
 * ``shared``: 64-token user prompts behind 768-token system prompts, 90 % of the requests
   sharing one of 4 (``workload.shared_prefix``);
