@@ -163,7 +163,8 @@ def confirm(
     top = [c for c in ranked if not c.baseline][:limit]
     configs: dict[str, Candidate] = {f"trial-{c.trial}": c for c in top}
     claims = {name: search_capacity(ctx, c.trial) for name, c in configs.items()}
-    base = next((c for c in candidates(ctx.study) if c.baseline), None)
+    launched = candidates(ctx.study)
+    base = next((c for c in launched if c.baseline), None)
     if base is None:
         lead = next(iter(configs))
         reps = _replicates(ctx, {lead: configs[lead]}, claims, spec.replicates, run, say)
@@ -186,7 +187,7 @@ def confirm(
     )
     if not selection.labels:
         reason = selection.reason
-        if not top and any(c.feasible and not c.baseline for c in candidates(ctx.study)):
+        if not top and any(c.feasible and not c.baseline for c in launched):
             # Candidates met the SLA but none reached the front: the baseline measured best.
             reason = "no confirmation: the baseline measured best (no candidate on the front)"
         return not_confirmed(f"kept the baseline, no launch spent: {reason}"), [], configs
