@@ -22,6 +22,7 @@ from autotuner.core.types import ParamValue
 from autotuner.engines.base import EngineLaunchError
 from autotuner.measure.bench import BenchOutcome, bench
 from autotuner.measure.cache import cache_note
+from autotuner.measure.pacing import pacing
 
 
 def main_bench(
@@ -139,6 +140,11 @@ def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
         )
         if note := cache_note(engine):
             w(f"{'':<22}{note}\n")
+    if (pace := pacing(r)) is not None and pace.behind:
+        w(
+            f"\nwarning: {pace.describe()}: the engine was offered less than the SLA's load, "
+            "and the client's delay is in every latency; give the load generator spare cores\n"
+        )
     w("\nSLA\n")
     for v in outcome.evaluation.verdicts:
         op = "<=" if v.bound == "max" else ">="

@@ -15,7 +15,10 @@ value the tables show; failures count through ``max_error_rate``); every other c
 is: a mean over the level or a count, not a tail estimate. A metric that could not be
 measured at all misses. Whatever the constraints say, an open-loop level whose engine did not
 keep up with the rate it was sent misses (:mod:`autotuner.measure.sustained`): a short level
-can end before the growing queue reaches a loose latency limit.
+can end before the growing queue reaches a loose latency limit. And a level the load generator
+did not send on schedule (:mod:`autotuner.measure.pacing`) is undecided whatever it measured:
+the engine was offered less than the level claims, and the late client's own delay is in
+every latency.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 from autotuner.measure.evaluate import Evaluation
 from autotuner.measure.loadgen import LoadResult
+from autotuner.measure.pacing import Pacing, worst_pacing
 from autotuner.measure.quantile import Outcome, combine, quantile_interval, requests_needed
 from autotuner.measure.sustained import SUSTAIN_TOLERANCE, Sustained, least_sustained
 from autotuner.sla.spec import Constraint, Sla, parse_percentile_metric
@@ -126,12 +130,19 @@ LOAD_INDEPENDENT = frozenset({"peak_memory_gib"})
 class Judgement:
     """What one level says: each constraint's verdict, the level's, the margin the capacity
     search interpolates (> 0: not shown met; None: nothing to interpolate), and the rates the
-    level sent and served (None: closed loop, or too few requests to tell)."""
+    level sent and served (None: closed loop, or too few requests to tell), and how the load
+    generator kept to its schedule (None: fewer than two requests)."""
 
     verdicts: dict[str, Outcome]
     verdict: Outcome
     margin: float | None
     sustained: Sustained | None = None
+    pacing: Pacing | None = None
+
+    @property
+    def behind(self) -> bool:
+        """Whether the load generator fell behind its schedule (the level tells nothing)."""
+        return self.pacing is not None and self.pacing.behind
 
 
 def judge(
@@ -165,6 +176,9 @@ def judge(
     17.5 of 18.7 req/s sent (ratio 0.94, margin -18 %) showed a TTFT margin of -85 % against
     a loose limit, and the search crept down from the missing edge at 25.6 req/s (24.9, 24.1,
     23.5, all not sustained) until its budget ran out with the bracket 38 % wide.
+
+    A level whose load generator fell behind (any of ``runs``) is undecided and has no margin,
+    whatever its constraints say.
     """
     verdicts: dict[str, Outcome] = {}
     margins: list[float] = []
@@ -195,7 +209,10 @@ def judge(
     if kept is not None and kept.ratio < 1 - SUSTAIN_TOLERANCE / 4:
         margins.append(kept.margin)
     margin = max(margins) if informative and margins else None
-    return Judgement(verdicts, combine(outcomes), margin, kept)
+    pace = worst_pacing(runs or (result,))
+    if pace is not None and pace.behind:
+        return Judgement(verdicts, "undecided", None, kept, pace)
+    return Judgement(verdicts, combine(outcomes), margin, kept, pace)
 
 
 def pooled(a: LoadResult, b: LoadResult) -> LoadResult:

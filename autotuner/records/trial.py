@@ -229,6 +229,12 @@ class LevelRecord(BaseModel):
     sent_rate: float | None = None
     served_rate: float | None = None
     sustained: bool | None = None
+    # How the load generator kept to its schedule (autotuner.measure.pacing); None in older
+    # files and where a level sent fewer than two requests.
+    late_sends: int | None = None
+    lag_allowance_s: float | None = None
+    max_lag_s: float | None = None
+    generator_behind: bool | None = None
 
 
 class TrialFile(Record):

@@ -41,6 +41,7 @@ from autotuner.measure.evaluate import evaluate
 from autotuner.measure.levels import judge, level_size, pooled
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
+from autotuner.measure.pacing import describe as describe_pacing
 from autotuner.measure.quantile import Outcome
 from autotuner.measure.sustained import describe as describe_sustained
 from autotuner.measure.workload import Arrival
@@ -97,12 +98,26 @@ class Level:
     sent_rate: float | None = None
     served_rate: float | None = None
     sustained: bool | None = None
+    # How the load generator kept to its schedule (autotuner.measure.pacing; None: an older
+    # record): sends later than the allowance, the worst lag, and whether it fell behind.
+    late_sends: int | None = None
+    lag_allowance_s: float | None = None
+    max_lag_s: float | None = None
+    generator_behind: bool | None = None
 
     def sustain_note(self) -> str | None:
         """``not sustained: served 8.1 of 17.1 req/s sent`` when the engine fell behind."""
         if self.sustained is not False or self.sent_rate is None or self.served_rate is None:
             return None
         return describe_sustained(self.sent_rate, self.served_rate, False)
+
+    def pacing_note(self) -> str | None:
+        """``load generator behind: 31 of 40 sends over 50 ms late (worst 1.1 s)``."""
+        if not self.generator_behind or self.requests is None:
+            return None
+        if self.late_sends is None or self.lag_allowance_s is None or self.max_lag_s is None:
+            return None
+        return describe_pacing(self.requests, self.late_sends, self.lag_allowance_s, self.max_lag_s)
 
 
 @dataclass(frozen=True)
@@ -266,10 +281,10 @@ def describe_stop(
         return str(cap.stopped_by)
     at = _arrival(base, last.load).describe()
     if cap.stopped_by == "undecided":
-        return (
-            f"could not tell whether it meets the SLA at {at}: "
+        unsure = last.pacing_note() or (
             f"{_keys(last.verdicts, 'undecided')} undecided after {last.requests} requests"
         )
+        return f"could not tell whether it meets the SLA at {at}: {unsure}"
     why = [k for k in (_keys(last.verdicts, "misses"), last.sustain_note()) if k]
     return f"misses the SLA at {at} ({'; '.join(why)})"
 
@@ -316,7 +331,7 @@ async def _measure_levels(
         ev = evaluate(result, sla)
         judged = judge(result, ev, sla, sla.tune.confidence, parts)
         verdicts, verdict = judged.verdicts, judged.verdict
-        search.record(load, verdict, judged.margin)
+        search.record(load, verdict, judged.margin, remeasure=not judged.behind)
         previous = result
         name = f"level-{i}.json"
         atomic_write_text(run_dir / name, json.dumps(result.to_dict()))
@@ -336,11 +351,15 @@ async def _measure_levels(
                 sent_rate=kept.sent_rate if (kept := judged.sustained) else None,
                 served_rate=kept.served_rate if kept else None,
                 sustained=kept.ok if kept else None,
+                late_sends=pace.late if (pace := judged.pacing) else None,
+                lag_allowance_s=pace.allowance_s if pace else None,
+                max_lag_s=pace.max_lag_s if pace else None,
+                generator_behind=pace.behind if pace else None,
             )
         )
         goodput = ev.metrics.get("goodput")
         shown = {"meets": "meets SLA", "misses": "misses SLA"}.get(
-            verdict, f"undecided ({_keys(verdicts, 'undecided')})"
+            verdict, f"undecided ({levels[-1].pacing_note() or _keys(verdicts, 'undecided')})"
         )
         pooled_note = f", {runs} runs pooled" if runs > 1 else ""
         if note := levels[-1].sustain_note():

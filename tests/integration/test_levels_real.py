@@ -74,25 +74,31 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
     assert_no_leftovers(tag)
 
 
-def test_a_level_far_above_what_the_engine_serves_is_not_sustained(
+def test_a_level_far_above_what_the_engine_serves_is_never_counted_as_met(
     vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The tiny model on 2 cores serves about 12 req/s of these requests. A 40-request level
-    # offered 64 req/s is sent in under a second: its p90 TTFT stays under a loose limit (about
-    # 2 s), so only the served rate shows the engine fell behind.
+    # Two sequences at a time, 32 tokens each: the tiny model serves 2-9 req/s of these on 2
+    # cores (unlimited, an idle machine batched a whole 40-request level at 64 req/s and kept
+    # up). A level offered 64 req/s is sent in under a second and its TTFT stays under a loose
+    # limit: what shows that it was not met depends on the host. Where the client keeps to its
+    # schedule, the served rate shows the engine fell behind (misses); where the busy engine
+    # starves the client of CPU (this 2-core machine stalled every process for up to 3 s while
+    # the engine worked), the sends left late and the level says nothing (undecided). Either
+    # way it bounds the capacity from above and is not re-measured.
     monkeypatch.setenv(TAG_VAR, tag)
     workload = {
         "input_tokens": 64,
-        "output_tokens": 16,
-        "arrival": {"process": "poisson", "rate": 4.0},
-        "requests": 40,
+        "output_tokens": 32,
+        "arrival": {"process": "poisson", "rate": 1.0},
+        "requests": 30,
         "seed": 7,
     }
     sla = cpu_sla(
         "it-sustained",
         workload,
-        constraints={"p90_ttft_ms": 60000, "max_error_rate": 0.0},
+        constraints={"p50_ttft_ms": 60000, "max_error_rate": 0.0},
         model={"path": str(tiny_model)},
+        params={"max_num_seqs": 2},
     )
     spec = parse_sla(yaml.safe_dump(sla))
     said: list[str] = []
@@ -103,19 +109,28 @@ def test_a_level_far_above_what_the_engine_serves_is_not_sustained(
         model_dir=tiny_model,
         run_dir=tmp_path / "run",
         cuda_devices=None,
-        settings=SearchSettings(max_levels=2, step=16.0),
+        settings=SearchSettings(max_levels=3, step=64.0),
         say=said.append,
     )
     assert result.status == "complete", (result.reason, result.extra.get("log_tail"))
-    low, high = result.levels
-    assert (low.load, low.verdict, low.sustained) == (4.0, "meets", True), low
-    assert (high.load, high.verdicts) == (64.0, {"p90_ttft_ms": "meets", "max_error_rate": "meets"})
-    assert high.verdict == "misses" and high.sustained is False, high
-    assert high.sent_rate is not None and high.served_rate is not None
-    assert high.served_rate < 0.6 * high.sent_rate, high
-    note = high.sustain_note()
-    assert note is not None and note.startswith("not sustained: served ")
-    assert any(line.startswith("    level 2:") and note in line for line in said), said
+    low, high, third = result.levels
+    assert (low.load, low.verdict, low.sustained) == (1.0, "meets", True), low
+    assert low.generator_behind is False, low
+    assert (high.load, high.verdicts) == (64.0, {"p50_ttft_ms": "meets", "max_error_rate": "meets"})
+    line = next(x for x in said if x.startswith("    level 2:"))
+    if high.generator_behind:
+        assert high.verdict == "undecided", high
+        note = high.pacing_note()
+        assert note is not None and f"undecided ({note})" in line, line
+        assert high.late_sends is not None and high.late_sends > 0.1 * 30
+    else:
+        assert high.verdict == "misses" and high.sustained is False, high
+        assert high.sent_rate is not None and high.served_rate is not None
+        assert high.served_rate < 0.8 * high.sent_rate, high
+        note = high.sustain_note()
+        assert note is not None and note.startswith("not sustained: served ") and note in line
+    # Not measured again at 64: the next level looks inside the bracket.
+    assert 1.0 < third.load < 64.0, third
     cap = result.capacity
-    assert cap is not None and (cap.low, cap.high) == (4.0, 64.0)
+    assert cap is not None and cap.high is not None and cap.high <= 64.0
     assert_no_leftovers(tag)

@@ -3,6 +3,7 @@ warning `autotuner check` gives when levels cannot resolve the SLA's percentile.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,34 @@ def test_pooled_runs_are_judged_for_sustain_one_by_one() -> None:
     j = judge(both, evaluate(both, s), s, 0.95, [a, slow])
     assert j.verdict == "misses" and j.sustained is not None
     assert j.sustained.served_rate == pytest.approx(6.0, rel=0.05)
+
+
+def late(level: LoadResult, rate: float) -> LoadResult:
+    """``level`` as sent by a client that could not send faster than ``rate``: each request
+    left later than its schedule (its ``sent_s``) by the difference."""
+    records = tuple(
+        replace(r, sent_s=i / rate, lag_s=max(0.0, i / rate - r.sent_s))
+        for i, r in enumerate(level.records)
+    )
+    return LoadResult(level.plan, records, level.duration_s)
+
+
+def test_a_level_the_load_generator_fell_behind_on_is_undecided_without_a_margin() -> None:
+    s = parse_sla(sla("p90_ttft_ms: 3000"))
+    on_time = paced(64.0, 100.0)
+    j = judge(on_time, evaluate(on_time, s), s, 0.95)
+    assert j.verdict == "meets" and j.pacing is not None and not j.behind
+    # The same engine, the client sending at 25 of the 64 req/s scheduled: it met the limit,
+    # but at a lower load than the level claims, so it tells nothing.
+    slow = late(on_time, 25.0)
+    j = judge(slow, evaluate(slow, s), s, 0.95)
+    assert j.verdicts == {"p90_ttft_ms": "meets"}
+    assert (j.verdict, j.margin, j.behind) == ("undecided", None, True)
+    # A miss measured by a late client is no miss of the engine's either.
+    tight = parse_sla(sla("p90_ttft_ms: 10"))
+    j = judge(slow, evaluate(slow, tight), tight, 0.95)
+    assert j.verdicts == {"p90_ttft_ms": "misses"} and j.verdict == "undecided"
+    # Pooled with a run on time, the late run still decides.
+    both = pooled(on_time, slow)
+    j = judge(both, evaluate(both, s), s, 0.95, [on_time, slow])
+    assert j.verdict == "undecided" and j.pacing is not None and j.pacing.late >= 30

@@ -58,6 +58,7 @@ class FakeLoad:
     plans: list[LoadPlan] = field(default_factory=list)
     fail_every: int | None = None  # every k-th request fails
     serves: float | None = None  # req/s the engine completes at most: above, a queue grows
+    sends: float | None = None  # req/s the client can send at most: above, sends leave late
 
     async def __call__(self, base_url: str, model: str, plan: LoadPlan, **_: Any) -> LoadResult:
         self.plans.append(plan)
@@ -73,11 +74,12 @@ class FakeLoad:
             t = ttft_ms(rate, i, n) / 1000
             if self.serves is not None:  # one taken up every 1/serves s at most: FIFO
                 t = max(t, (i + 1) / self.serves - i / rate)
+            sent = i / min(rate, self.sends or rate)
             records.append(
                 RequestRecord(
                     plan.factory.first_index + i,
-                    i / rate,
-                    0.0,
+                    sent,
+                    sent - i / rate,
                     4,
                     ttft_s=t,
                     itl_s=(0.01, 0.01, 0.01),
@@ -297,3 +299,39 @@ def test_a_level_the_engine_did_not_keep_up_with_misses_and_says_so(
     old = TrialResult.from_dict(saved)
     assert [lv.sustained for lv in old.levels] == [None] * 3
     assert old.levels[2].sustain_note() is None
+
+
+def test_a_level_the_load_generator_could_not_send_is_undecided_and_not_measured_again(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    # The client sends 4 req/s at most: the level at 4.5 req/s leaves late (every request
+    # after the first), the engine itself would have met the SLA there.
+    fake.sends = 4.0
+    said: list[str] = []
+    sla = parse_sla(sla_text("p90_ttft_ms: 10000", requests=30, tune="max_levels: 4"))
+    result = run_trial(
+        {},
+        sla,
+        python=Path("python"),
+        model_dir=tmp_path / "model",
+        run_dir=tmp_path / "run",
+        cuda_devices=None,
+        settings=SearchSettings.of(sla),
+        say=said.append,
+    )
+    loads = [lv.load for lv in result.levels]
+    assert loads[:3] == [2.0, 3.0, 4.5]
+    assert [lv.generator_behind for lv in result.levels[:2]] == [False, False]
+    third = result.levels[2]
+    assert third.verdicts == {"p90_ttft_ms": "meets"} and third.verdict == "undecided"
+    assert third.generator_behind and third.late_sends is not None and third.late_sends > 3
+    note = third.pacing_note()
+    assert note is not None and note.startswith("load generator behind: ")
+    assert any(line.startswith("    level 3:") and f"undecided ({note})" in line for line in said)
+    # Not re-measured at 4.5 (more requests would not decide it): the fourth level refines.
+    assert 3.0 < loads[3] < 4.5
+    cap = result.capacity
+    assert cap is not None and cap.high is not None and cap.high <= 4.5
+    saved = json.loads((tmp_path / "run" / "trial.json").read_text())
+    assert saved["levels"][2]["generator_behind"] is True
+    assert TrialResult.from_dict(saved).levels[2].pacing_note() == note
