@@ -42,13 +42,13 @@ class Pacing:
         return self.late > LATE_SHARE * self.sends
 
     def describe(self) -> str:
-        """``load generator behind: 31 of 40 sends over 50 ms late (worst 1.07 s)``."""
-        return describe(self.sends, self.late, self.allowance_s, self.max_lag_s)
+        """``load generator behind: 78% of sends over 50 ms late (worst 1.1 s)``."""
+        return describe(self.late / self.sends, self.allowance_s, self.max_lag_s)
 
 
-def describe(sends: int, late: int, allowance_s: float, max_lag_s: float) -> str:
+def describe(late_share: float, allowance_s: float, max_lag_s: float) -> str:
     return (
-        f"load generator behind: {late} of {sends} sends over {allowance_s * 1000:.0f} ms late "
+        f"load generator behind: {late_share:.0%} of sends over {allowance_s * 1000:.0f} ms late "
         f"(worst {max_lag_s:.2g} s)"
     )
 

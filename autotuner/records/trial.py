@@ -231,7 +231,7 @@ class LevelRecord(BaseModel):
     sustained: bool | None = None
     # How the load generator kept to its schedule (autotuner.measure.pacing); None in older
     # files and where a level sent fewer than two requests.
-    late_sends: int | None = None
+    late_share: float | None = None
     lag_allowance_s: float | None = None
     max_lag_s: float | None = None
     generator_behind: bool | None = None

@@ -46,7 +46,7 @@ def test_a_stall_that_delays_the_sends_due_during_it_is_behind() -> None:
     assert p.late == sum(1 for t in due if 0.2 <= t < 0.45)  # more than 50 ms late
     assert p.max_lag_s == pytest.approx(0.3, abs=0.01)
     assert p.describe() == (
-        f"load generator behind: {p.late} of 40 sends over 50 ms late (worst 0.3 s)"
+        f"load generator behind: {p.late / 40:.0%} of sends over 50 ms late (worst 0.3 s)"
     )
 
 
@@ -82,8 +82,8 @@ def test_the_worst_of_pooled_runs_decides_and_tiny_runs_say_nothing() -> None:
     assert worst_pacing([on_time]) == pacing(on_time)
     assert pacing(run([0.0], [3.0])) is None
     assert worst_pacing([]) is None
-    assert describe(40, 31, 0.05, 1.07) == (
-        "load generator behind: 31 of 40 sends over 50 ms late (worst 1.1 s)"
+    assert describe(31 / 40, 0.05, 1.07) == (
+        "load generator behind: 78% of sends over 50 ms late (worst 1.1 s)"
     )
 
 
