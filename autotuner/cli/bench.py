@@ -142,8 +142,8 @@ def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
             w(f"{'':<22}{note}\n")
     if (pace := pacing(r)) is not None and pace.behind:
         w(
-            f"\nwarning: {pace.describe()}: the engine was offered less than the SLA's load, "
-            "and the client's delay is in every latency; give the load generator spare cores\n"
+            f"\nwarning: {pace.describe()}: the engine was offered less than the SLA's load; "
+            "give the load generator spare cores\n"
         )
     w("\nSLA\n")
     for v in outcome.evaluation.verdicts:

@@ -229,10 +229,10 @@ class LevelRecord(BaseModel):
     sent_rate: float | None = None
     served_rate: float | None = None
     sustained: bool | None = None
-    # How the load generator kept to its schedule (autotuner.measure.pacing); None in older
+    # How the load generator kept to its schedule (autotuner.measure.pacing): the share of the
+    # scheduled rate it sent at, its latest send's lag, whether it fell behind; None in older
     # files and where a level sent fewer than two requests.
-    late_share: float | None = None
-    lag_allowance_s: float | None = None
+    rate_kept: float | None = None
     max_lag_s: float | None = None
     generator_behind: bool | None = None
 

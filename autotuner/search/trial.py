@@ -99,10 +99,9 @@ class Level:
     served_rate: float | None = None
     sustained: bool | None = None
     # How the load generator kept to its schedule (autotuner.measure.pacing; None: an older
-    # record): the share of sends later than the allowance, the worst lag, whether it fell
-    # behind.
-    late_share: float | None = None
-    lag_allowance_s: float | None = None
+    # record): the share of the scheduled rate it sent at, its latest send's lag, and whether
+    # it fell behind.
+    rate_kept: float | None = None
     max_lag_s: float | None = None
     generator_behind: bool | None = None
 
@@ -113,11 +112,10 @@ class Level:
         return describe_sustained(self.sent_rate, self.served_rate, False)
 
     def pacing_note(self) -> str | None:
-        """``load generator behind: 78% of sends over 50 ms late (worst 1.1 s)``."""
-        share, allowance, worst = self.late_share, self.lag_allowance_s, self.max_lag_s
-        if not self.generator_behind or share is None or allowance is None or worst is None:
+        """``load generator behind: sent at 34% of the scheduled rate (sends up to 1.1 s late)``."""
+        if not self.generator_behind or self.rate_kept is None or self.max_lag_s is None:
             return None
-        return describe_pacing(share, allowance, worst)
+        return describe_pacing(self.rate_kept, self.max_lag_s)
 
 
 @dataclass(frozen=True)
@@ -351,8 +349,7 @@ async def _measure_levels(
                 sent_rate=kept.sent_rate if (kept := judged.sustained) else None,
                 served_rate=kept.served_rate if kept else None,
                 sustained=kept.ok if kept else None,
-                late_share=pace.late / pace.sends if (pace := judged.pacing) else None,
-                lag_allowance_s=pace.allowance_s if pace else None,
+                rate_kept=pace.kept if (pace := judged.pacing) else None,
                 max_lag_s=pace.max_lag_s if pace else None,
                 generator_behind=pace.behind if pace else None,
             )
