@@ -16,9 +16,8 @@ is: a mean over the level or a count, not a tail estimate. A metric that could n
 measured at all misses. Whatever the constraints say, an open-loop level whose engine did not
 keep up with the rate it was sent misses (:mod:`autotuner.measure.sustained`): a short level
 can end before the growing queue reaches a loose latency limit. And a level the load generator
-did not send on schedule (:mod:`autotuner.measure.pacing`) is undecided whatever it measured:
-the engine was offered less than the level claims, and the late client's own delay is in
-every latency.
+could not send at its scheduled rate (:mod:`autotuner.measure.pacing`) is undecided whatever it
+measured: the engine was offered less than the level claims.
 """
 
 from __future__ import annotations
