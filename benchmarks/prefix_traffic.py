@@ -17,8 +17,12 @@ prompt tokens the engine served from its prefix cache and its mean prefill time 
 metrics at the SLA's own load), and what the tuner promoted and why. Everything also goes to
 JSON; ``--report FILE`` prints a saved run again.
 
-Run (27 minutes on the idle 2-core machine: 9 launches of 2.5 minutes and 4 confirmation launches):
+Run (about 33 minutes on the idle 2-core machine: 9 launches of 2.5 minutes and up to 8
+confirmation launches):
 ``python3 benchmarks/prefix_traffic.py --json benchmarks/results/prefix-traffic-cpu-2core.json``
+``--engine-cpus 0`` binds the engine's compute threads to core 0 (``VLLM_CPU_OMP_THREADS_BIND``),
+leaving the other cores to the API server and the load generator, which on 2 cores otherwise
+compete with the engine for CPU.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
-def sla_text(name: str, traffic: dict[str, Any], engine: str) -> str:
-    sla = {
+def sla_text(name: str, traffic: dict[str, Any], engine: str, engine_cpus: str | None) -> str:
+    sla: dict[str, Any] = {
         "name": f"prefix-{name}",
         "model": {"synth": "tiny-llama"},
         "engine": {
@@ -94,6 +98,10 @@ def sla_text(name: str, traffic: dict[str, Any], engine: str) -> str:
             "confirm": {"candidates": 1, "replicates": 2},
         },
     }
+    if engine_cpus:
+        # The engine's compute threads on these cores only; the API server and the load
+        # generator then have the others to themselves.
+        sla["engine"]["env"] = {"VLLM_CPU_OMP_THREADS_BIND": engine_cpus}
     return yaml.safe_dump(sla, sort_keys=False)
 
 
@@ -140,6 +148,7 @@ def collect(study_dir: Path) -> dict[str, Any]:
                 "hit_rate": first.get("prefix_cache_hit_rate"),
                 "mean_prefill_ms": first.get("mean_prefill_ms"),
                 "cached_share_per_level": [lv.engine.get("prompt_cached_share") for lv in t.levels],
+                "levels_generator_behind": sum(1 for lv in t.levels if lv.generator_behind),
             }
         )
     manifest = study_dir / "promoted" / "optimization_manifest.json"
@@ -156,6 +165,16 @@ def collect(study_dir: Path) -> dict[str, Any]:
     return {"launches": launches, "decision": decision}
 
 
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def _num(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -163,8 +182,8 @@ def _num(v: Any, fmt: str) -> str:
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| workload | launch | prefix caching | capacity (req/s) | bracket | cached prompt "
-        "tokens | hit rate | mean prefill (ms) |",
-        "|---|---|---|---:|---|---:|---:|---:|",
+        "tokens | hit rate | mean prefill (ms) | levels the client fell behind |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for name, res in results["workloads"].items():
         for r in res["launches"]:
@@ -173,7 +192,8 @@ def table(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {name} | {r['launch']} | {r['prefix_caching']} | "
                 f"{_num(r['capacity'], '.2f')} | {bracket} | {share} | "
-                f"{_num(r['hit_rate'], '.0%')} | {_num(r['mean_prefill_ms'], '.1f')} |"
+                f"{_num(r['hit_rate'], '.0%')} | {_num(r['mean_prefill_ms'], '.1f')} | "
+                f"{_num(r.get('levels_generator_behind'), 'd')} |"
             )
     lines.append("")
     for name, res in results["workloads"].items():
@@ -189,6 +209,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--report", type=Path, help="print a saved run's table and exit")
+    ap.add_argument(
+        "--engine-cpus",
+        help="bind the engine's compute threads to these cores (VLLM_CPU_OMP_THREADS_BIND, "
+        "e.g. 0), leaving the rest to the API server and the load generator",
+    )
     args = ap.parse_args()
     if args.report:
         print(table(json.loads(args.report.read_text())))
@@ -199,14 +224,16 @@ def main() -> int:
             "nproc": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "cpu": _cpu_model(),
         },
         "engine": args.engine,
+        "engine_cpus": args.engine_cpus,
         "workloads": {},
     }
     start = time.monotonic()
     for name in args.workloads:
         sla_path = args.work_dir / f"prefix-{name}.yaml"
-        sla_path.write_text(sla_text(name, WORKLOADS[name], args.engine))
+        sla_path.write_text(sla_text(name, WORKLOADS[name], args.engine, args.engine_cpus))
         trials_dir = args.work_dir / "trials"
         t0 = time.monotonic()
         rc = run_tune(sla_path, trials_dir, args.work_dir / f"tune-{name}.log")
