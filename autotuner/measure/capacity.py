@@ -248,12 +248,8 @@ class CapacitySearch:
         """The next rate to measure, or None when the search is over. Idempotent."""
         return self._plan().rate
 
-    def record(
-        self, rate: float, verdict: Outcome, margin: float | None, *, remeasure: bool = True
-    ) -> None:
-        """Feed back one measured level (normally at the rate ``next_rate()`` gave).
-        ``remeasure=False``: an undecided level that more requests would not decide (its load
-        generator fell behind) counts as a miss at once."""
+    def record(self, rate: float, verdict: Outcome, margin: float | None) -> None:
+        """Feed back one measured level (normally at the rate ``next_rate()`` gave)."""
         plan = self._plan()
         if plan.rate is None:
             raise ValueError("the capacity search is over; nothing more to record")
@@ -269,7 +265,6 @@ class CapacitySearch:
         self._pending_repeat = None
         if (
             verdict == "undecided"
-            and remeasure
             and self._undecided_run(rate) <= self.remeasure_undecided
             and len(self._levels) < self.max_levels
         ):

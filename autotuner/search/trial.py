@@ -309,6 +309,7 @@ async def _measure_levels(
     metrics = adapter_of(sla).metrics
     levels: list[Level] = []
     previous: LoadResult | None = None  # the run an undecided level's re-measure pools with
+    # (not one the load generator fell behind on: its re-measure starts afresh)
     parts: list[LoadResult] = []  # the runs pooled into ``previous``, each judged for sustain
     while (load := search.next_rate()) is not None:
         i = len(levels)
@@ -329,8 +330,8 @@ async def _measure_levels(
         ev = evaluate(result, sla)
         judged = judge(result, ev, sla, sla.tune.confidence, parts)
         verdicts, verdict = judged.verdicts, judged.verdict
-        search.record(load, verdict, judged.margin, remeasure=not judged.behind)
-        previous = result
+        search.record(load, verdict, judged.margin)
+        previous = None if judged.behind else result
         name = f"level-{i}.json"
         atomic_write_text(run_dir / name, json.dumps(result.to_dict()))
         levels.append(

@@ -83,8 +83,8 @@ def test_a_level_far_above_what_the_engine_serves_is_never_counted_as_met(
     # limit: what shows that it was not met depends on the host. Where the client keeps to its
     # schedule, the served rate shows the engine fell behind (misses); where the busy engine
     # starves the client of CPU (this 2-core machine stalled every process for up to 3 s while
-    # the engine worked), the sends left late and the level says nothing (undecided). Either
-    # way it bounds the capacity from above and is not re-measured.
+    # the engine worked), the sends left late and the level says nothing (undecided) until it is
+    # measured again. Either way it bounds the capacity from above.
     monkeypatch.setenv(TAG_VAR, tag)
     workload = {
         "input_tokens": 64,
@@ -123,14 +123,16 @@ def test_a_level_far_above_what_the_engine_serves_is_never_counted_as_met(
         note = high.pacing_note()
         assert note is not None and f"undecided ({note})" in line, line
         assert high.rate_kept is not None and high.rate_kept < 0.95
+        # Measured once more on fresh requests (a stall can pass), and again not met.
+        assert (third.load, third.runs) == (64.0, 1), third
+        assert third.verdict in ("misses", "undecided"), third
     else:
         assert high.verdict == "misses" and high.sustained is False, high
         assert high.sent_rate is not None and high.served_rate is not None
         assert high.served_rate < 0.8 * high.sent_rate, high
         note = high.sustain_note()
         assert note is not None and note.startswith("not sustained: served ") and note in line
-    # Not measured again at 64: the next level looks inside the bracket.
-    assert 1.0 < third.load < 64.0, third
+        assert 1.0 < third.load < 64.0, third  # a miss is not measured again
     cap = result.capacity
     assert cap is not None and cap.high is not None and cap.high <= 64.0
     assert_no_leftovers(tag)
