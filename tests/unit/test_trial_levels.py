@@ -132,7 +132,12 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeLoad:
     return load
 
 
-def run(tmp_path: Path, text: str, settings: SearchSettings | None = None) -> TrialResult:
+def run(
+    tmp_path: Path,
+    text: str,
+    settings: SearchSettings | None = None,
+    said: list[str] | None = None,
+) -> TrialResult:
     sla = parse_sla(text)
     return run_trial(
         {},
@@ -142,7 +147,7 @@ def run(tmp_path: Path, text: str, settings: SearchSettings | None = None) -> Tr
         run_dir=tmp_path / "run",
         cuda_devices=None,
         settings=settings or SearchSettings.of(sla),
-        say=lambda s: None,
+        say=said.append if said is not None else lambda s: None,
     )
 
 
@@ -268,17 +273,8 @@ def test_a_level_the_engine_did_not_keep_up_with_misses_and_says_so(
     # inside a loose limit: only the served rate shows that it fell behind.
     fake.serves = 3.0
     said: list[str] = []
-    sla = parse_sla(sla_text("p90_ttft_ms: 10000", requests=30, tune="max_levels: 3"))
-    result = run_trial(
-        {},
-        sla,
-        python=Path("python"),
-        model_dir=tmp_path / "model",
-        run_dir=tmp_path / "run",
-        cuda_devices=None,
-        settings=SearchSettings.of(sla),
-        say=said.append,
-    )
+    text = sla_text("p90_ttft_ms: 10000", requests=30, tune="max_levels: 3")
+    result = run(tmp_path, text, said=said)
     first, second = result.levels[:2]
     assert (first.load, first.verdict, first.sustained) == (2.0, "meets", True)
     assert (second.load, second.verdict, second.sustained) == (3.0, "meets", True)
@@ -310,17 +306,8 @@ def test_a_level_the_load_generator_fell_behind_on_is_undecided_and_measured_afr
     # after the first), where the engine itself would have met the SLA.
     fake.sends = 4.0
     said: list[str] = []
-    sla = parse_sla(sla_text("p90_ttft_ms: 10000", requests=30, tune="max_levels: 5"))
-    result = run_trial(
-        {},
-        sla,
-        python=Path("python"),
-        model_dir=tmp_path / "model",
-        run_dir=tmp_path / "run",
-        cuda_devices=None,
-        settings=SearchSettings.of(sla),
-        say=said.append,
-    )
+    text = sla_text("p90_ttft_ms: 10000", requests=30, tune="max_levels: 5")
+    result = run(tmp_path, text, said=said)
     loads = [lv.load for lv in result.levels]
     assert loads[:4] == [2.0, 3.0, 4.5, 4.5]
     assert [lv.generator_behind for lv in result.levels[:2]] == [False, False]
