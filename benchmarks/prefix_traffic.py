@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from autotuner.core.hardware import probe_cpu
 from autotuner.records.trial import TrialFile
 
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -165,16 +166,6 @@ def collect(study_dir: Path) -> dict[str, Any]:
     return {"launches": launches, "decision": decision}
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def _num(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -224,7 +215,7 @@ def main() -> int:
             "nproc": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
-            "cpu": _cpu_model(),
+            "cpu": probe_cpu().model,
         },
         "engine": args.engine,
         "engine_cpus": args.engine_cpus,
