@@ -53,10 +53,12 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
-def sla_text(name: str, traffic: dict[str, Any], engine: str, engine_cpus: str | None) -> str:
+def sla_text(
+    name: str, traffic: dict[str, Any], engine: str, engine_cpus: str | None, model: str
+) -> str:
     sla: dict[str, Any] = {
-        "name": f"prefix-{name}",
-        "model": {"synth": "tiny-llama"},
+        "name": study_name(name, model),
+        "model": {"synth": model},
         "engine": {
             "kind": "vllm",
             "name": engine,
@@ -104,6 +106,11 @@ def sla_text(name: str, traffic: dict[str, Any], engine: str, engine_cpus: str |
         # generator then have the others to themselves.
         sla["engine"]["env"] = {"VLLM_CPU_OMP_THREADS_BIND": engine_cpus}
     return yaml.safe_dump(sla, sort_keys=False)
+
+
+def study_name(workload: str, model: str) -> str:
+    # The model is part of the name: a work dir reused with another model starts a new study.
+    return f"prefix-{workload}" if model == "tiny-llama" else f"prefix-{workload}-{model}"
 
 
 def run_tune(sla_path: Path, trials_dir: Path, log: Path) -> int:
@@ -205,6 +212,13 @@ def main() -> int:
         help="bind the engine's compute threads to these cores (VLLM_CPU_OMP_THREADS_BIND, "
         "e.g. 0), leaving the rest to the API server and the load generator",
     )
+    ap.add_argument(
+        "--model",
+        default="tiny-llama",
+        choices=["tiny-llama", "small-llama"],
+        help="the generated model: small-llama's prefill costs ~10x tiny-llama's, so the engine "
+        "rather than HTTP and the client sets the capacity",
+    )
     args = ap.parse_args()
     if args.report:
         print(table(json.loads(args.report.read_text())))
@@ -219,16 +233,20 @@ def main() -> int:
         },
         "engine": args.engine,
         "engine_cpus": args.engine_cpus,
+        "model": args.model,
         "workloads": {},
     }
     start = time.monotonic()
     for name in args.workloads:
-        sla_path = args.work_dir / f"prefix-{name}.yaml"
-        sla_path.write_text(sla_text(name, WORKLOADS[name], args.engine, args.engine_cpus))
+        study = study_name(name, args.model)
+        sla_path = args.work_dir / f"{study}.yaml"
+        sla_path.write_text(
+            sla_text(name, WORKLOADS[name], args.engine, args.engine_cpus, args.model)
+        )
         trials_dir = args.work_dir / "trials"
         t0 = time.monotonic()
-        rc = run_tune(sla_path, trials_dir, args.work_dir / f"tune-{name}.log")
-        res = collect(trials_dir / f"prefix-{name}")
+        rc = run_tune(sla_path, trials_dir, args.work_dir / f"tune-{study}.log")
+        res = collect(trials_dir / study)
         res.update(exit_code=rc, seconds=round(time.monotonic() - t0), sla=sla_path.read_text())
         results["workloads"][name] = res
     results["seconds"] = round(time.monotonic() - start)

@@ -3,9 +3,11 @@
 No model weights can be downloaded where the autotuner is developed and tested, so models are
 generated here:
 
-* ``tiny-*`` archs (``tiny-llama``, ``tiny-qwen3``) get a small config *and random weights*
-  written as ``model.safetensors`` (BF16, written with numpy only, no torch), so an engine loads
-  them the normal way. They are for CPU engines and tests.
+* ``tiny-*`` archs (``tiny-llama``, ``tiny-qwen3``) and ``small-llama`` get a small config
+  *and random weights* written as ``model.safetensors`` (BF16, written with numpy only, no
+  torch), so an engine loads them the normal way. They are for CPU engines and tests;
+  ``small-llama`` (8 layers, 109M parameters) is for CPU benchmarks whose engine work should
+  outweigh the HTTP and client work around it.
 * The other archs (``llama-3.1-8b``, ``llama-3.1-70b``, ``qwen3-8b``, ``mistral-7b``) get the
   real public ``config.json`` and a tokenizer but no weights: serve them with
   ``--load-format dummy`` (see :func:`needs_dummy_load`). Their configs are the real ones, so a
@@ -345,6 +347,24 @@ def _cfg_tiny_llama() -> dict[str, Any]:
     )
 
 
+def _cfg_small_llama() -> dict[str, Any]:
+    # About 40x tiny-llama's compute per token (92M parameters outside the embeddings), so
+    # on a CPU a long prompt's prefill takes longer than the HTTP and client work around it.
+    return _llama_config(
+        hidden=1024,
+        intermediate=2816,
+        layers=8,
+        heads=16,
+        kv_heads=4,
+        head_dim=64,
+        vocab=8192,
+        max_pos=4096,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        layout=_llama3_layout(8192),
+    )
+
+
 def _qwen3_config(
     *,
     hidden: int,
@@ -462,6 +482,14 @@ ARCHS: dict[str, ArchSpec] = {
             _qwen3_layout,
             True,
             "4-layer Qwen3-style model with random weights (CPU tests)",
+        ),
+        ArchSpec(
+            "small-llama",
+            "llama",
+            _cfg_small_llama,
+            _llama3_layout,
+            True,
+            "8-layer Llama-3-style model with random weights (CPU benchmarks: compute-bound)",
         ),
         ArchSpec(
             "llama-3.1-8b",

@@ -50,6 +50,7 @@ def test_archs_present() -> None:
         assert a in synth.ARCHS
     assert "mistral-7b" in synth.ARCHS
     assert synth.ARCHS["tiny-llama"].has_weights
+    assert synth.ARCHS["small-llama"].has_weights
     assert not synth.ARCHS["llama-3.1-8b"].has_weights
 
 
@@ -113,7 +114,7 @@ def test_llama_specials(models: dict[str, Path]) -> None:
     assert added[128009] == "<|eot_id|>"
 
 
-@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3", "small-llama"])
 def test_safetensors(models: dict[str, Path], arch: str) -> None:
     cfg = _json(models[arch] / "config.json")
     path = models[arch] / synth.WEIGHTS_NAME
