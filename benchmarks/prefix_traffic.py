@@ -2,7 +2,7 @@
 
 A config tuned on random prompts sees no benefit from vLLM's prefix cache (nothing repeats) and
 may switch it off; chat traffic that shares system prompts then loses it. This script runs
-``autotuner tune`` once per workload on the real engine (CPU build, generated ``tiny-llama``),
+``autotuner tune`` once per workload on the real engine (CPU build, a generated model: ``--model``),
 each with the search narrowed to ``enable_prefix_caching`` (a grid: the engine defaults, which
 have it on, then ``true``, then ``false``):
 
@@ -17,12 +17,13 @@ prompt tokens the engine served from its prefix cache and its mean prefill time 
 metrics at the SLA's own load), and what the tuner promoted and why. Everything also goes to
 JSON; ``--report FILE`` prints a saved run again.
 
-Run (about 33 minutes on the idle 2-core machine: 9 launches of 2.5 minutes and up to 8
-confirmation launches):
-``python3 benchmarks/prefix_traffic.py --json benchmarks/results/prefix-traffic-cpu-2core.json``
-``--engine-cpus 0`` binds the engine's compute threads to core 0 (``VLLM_CPU_OMP_THREADS_BIND``),
-leaving the other cores to the API server and the load generator, which on 2 cores otherwise
-compete with the engine for CPU.
+Run (20 minutes on the idle 2-core machine for ``shared`` and ``random``):
+``python3 benchmarks/prefix_traffic.py --model small-llama --engine-cpus 0 --workloads shared
+random --json out.json``. ``--model small-llama`` (8 layers, hidden 1024) makes the engine's
+prefill the limit; with the default ``tiny-llama`` a prefill is so short that on a small CPU
+the API server and the load generator set the capacity. ``--engine-cpus 0`` binds the engine's
+compute threads to core 0 (``VLLM_CPU_OMP_THREADS_BIND``), leaving the other cores to the API
+server and the load generator, which otherwise compete with the engine for CPU.
 """
 
 from __future__ import annotations
