@@ -195,16 +195,20 @@ class Monitor:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._sample_memory()
-        self.after = await self.scrape()
-        if self._session:
-            await self._session.close()
-        if self._gpu:
-            self._gpu.close()
+        try:
+            if self._task:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            self._sample_memory()
+            self.after = await self.scrape()
+        finally:
+            # Also when the run is cancelled here (a tune stopped by SIGTERM mid-level):
+            # an open session is reported by aiohttp at exit and holds a connection.
+            if self._session:
+                await self._session.close()
+            if self._gpu:
+                self._gpu.close()
 
     async def scrape(self) -> Samples:
         """One scrape of ``/metrics`` of every server, merged; empty when none answers."""

@@ -102,6 +102,26 @@ def test_monitor_sees_the_run_and_the_memory() -> None:
     assert summary["peak_memory_bytes"] >= psutil.Process().memory_info().rss // 2
 
 
+def test_a_run_cancelled_while_leaving_still_closes_the_session() -> None:
+    async def go() -> Monitor:
+        async with StandinServer(StandinConfig()) as server:
+            me = psutil.Process()
+            monitor = Monitor(server.base_url, lambda: [me], None, interval_s=0.05)
+            await monitor.__aenter__()
+
+            async def cancelled() -> dict[str, float]:
+                raise asyncio.CancelledError
+
+            monitor.scrape = cancelled  # type: ignore[method-assign]
+            with pytest.raises(asyncio.CancelledError):
+                await monitor.__aexit__(None, None, None)
+        return monitor
+
+    monitor = asyncio.run(go())
+    assert monitor._session is not None and monitor._session.closed
+    assert monitor._task is not None and monitor._task.done()
+
+
 class _FakeNvml(types.ModuleType):
     """Two GPUs; ``held[uuid]`` lists (pid, bytes) of the compute processes on each."""
 
