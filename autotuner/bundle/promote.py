@@ -69,6 +69,7 @@ from autotuner.search.confirm import (
     known_zero,
     not_confirmed,
 )
+from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.layout import CAPACITY_PER_GPU, per_gpu_replicate, per_gpu_scale
 from autotuner.search.pareto import Candidate, pareto_front, rank
 from autotuner.search.space import SearchSpace
@@ -270,11 +271,19 @@ def _replicates(
         around[name] = cap.value if cap is not None and cap.value > 0 else own
     shown = ", ".join(f"{n} around {around[n]:.3g}" for n in names)
     say(f"confirming by capacity ({unit}): {shown}; {len(plan)} launches, interleaved")
+    confirm_dir = ctx.study_dir / "confirm"
+    run_dirs = [confirm_dir / f"{name}-r{r}" for r, name in plan]
+    recorded = ConfirmPlan(confirm_dir, {n: configs[n].params for n in names}, around, replicates)
+    if recorded.start(run_dirs):
+        say("resuming the interrupted confirmation: the replicates it finished are kept")
     reps: list[Replicate] = []
-    for i, (r, name) in enumerate(plan, 1):
-        run_dir = ctx.study_dir / "confirm" / f"{name}-r{r}"
-        say(f"confirmation {i}/{len(plan)}: {name}, replicate {r + 1}")
-        res = run(configs[name].params, run_dir, around[name])
+    for i, ((r, name), run_dir) in enumerate(zip(plan, run_dirs, strict=True), 1):
+        res = recorded.finished(run_dir, configs[name].params)
+        if res is not None:
+            say(f"confirmation {i}/{len(plan)}: {name}, replicate {r + 1}: measured before")
+        else:
+            say(f"confirmation {i}/{len(plan)}: {name}, replicate {r + 1}")
+            res = run(configs[name].params, run_dir, around[name])
         reps.append(_replicate(name, r, res, str(run_dir.relative_to(ctx.study_dir))))
         got = reps[-1].capacity
         if got is not None:
@@ -285,6 +294,7 @@ def _replicates(
             cap = res.found_capacity()
             note = cap.note if cap is not None else res.reason
             say(f"  -> capacity unknown ({note}): left out of the comparison")
+    recorded.done()
     return reps
 
 

@@ -452,3 +452,79 @@ def test_a_baseline_that_missed_only_memory_is_not_launched_again(tmp_path: Path
     decision = manifest["decision"]
     assert decision["promoted"] == "trial-4" and decision["confirmed"]
     assert decision["verdict"] == "better"
+
+
+class _Cut(Exception):
+    """Stands for the tuner being stopped (Ctrl-C or SIGTERM) during a launch."""
+
+
+def _writing(sc: Scenario, cut_at: int | None = None) -> Any:
+    """``sc.confirm_run`` writing ``trial.json`` at the end of a launch, as run_trial does;
+    the ``cut_at``-th launch is stopped before it ends (nothing written)."""
+    calls = {"n": 0}
+
+    def run(params: Mapping[str, Any], run_dir: Path, claimed: float) -> TrialResult:
+        calls["n"] += 1
+        if calls["n"] == cut_at:
+            raise _Cut
+        result = sc.confirm_run(params, run_dir, claimed)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        result.write(run_dir / "trial.json")
+        return result
+
+    return run
+
+
+def test_an_interrupted_confirmation_resumes_without_repeating_its_finished_replicates(
+    tmp_path: Path,
+) -> None:
+    sc = Scenario(confirm={32: [30.0, 31.0, 29.0], DEFAULT_SEQS: [15.0, 15.5, 14.5]})
+    ctx = _study(tmp_path, sc)
+    with pytest.raises(_Cut):
+        promote(ctx, _writing(sc, cut_at=3), lambda s: None)
+    assert len(sc.confirm_calls) == 2  # trial-4 r0 and baseline r0 ended; the third was cut
+
+    said: list[str] = []
+    manifest = promote(ctx, _writing(sc), said.append)
+    # Only the four replicates not finished before were launched, in the plan's order.
+    runs = [d.relative_to(ctx.study_dir).as_posix() for _, d, _ in sc.confirm_calls[2:]]
+    assert runs == [
+        f"confirm/{n}" for n in ("baseline-r1", "trial-4-r1", "trial-4-r2", "baseline-r2")
+    ]
+    assert any("resuming the interrupted confirmation" in s for s in said)
+    assert "confirmation 1/6: trial-4, replicate 1: measured before" in said
+    conf = manifest["measurements"]["confirmation"]
+    assert [r["capacity"] for r in conf["replicates"] if r["config"] == "trial-4"] == [
+        30.0,
+        31.0,
+        29.0,
+    ]
+    assert manifest["decision"]["promoted"] == "trial-4"
+    assert not (ctx.study_dir / "confirm" / "plan.json").exists()
+
+    # A finished confirmation is not resumed: deciding again measures every replicate anew.
+    sc.confirm = {32: [30.0, 31.0, 29.0] * 2, DEFAULT_SEQS: [15.0, 15.5, 14.5] * 2}
+    promote(ctx, _writing(sc), lambda s: None)
+    assert len(sc.confirm_calls) == 6 + 6
+
+
+def test_a_changed_plan_or_a_damaged_replicate_is_measured_again(tmp_path: Path) -> None:
+    sc = Scenario(confirm={32: [30.0] * 9, DEFAULT_SEQS: [15.0] * 9})
+    ctx = _study(tmp_path, sc)
+    with pytest.raises(_Cut):
+        promote(ctx, _writing(sc, cut_at=3), lambda s: None)
+    (ctx.study_dir / "confirm" / "baseline-r0" / "trial.json").write_text("{not json")
+    promote(ctx, _writing(sc), lambda s: None)
+    runs = [d.name for _, d, _ in sc.confirm_calls[2:]]
+    assert runs == ["baseline-r0", "baseline-r1", "trial-4-r1", "trial-4-r2", "baseline-r2"]
+
+    # Another plan (here: another replicate count) starts afresh, dropping the old files.
+    with pytest.raises(_Cut):
+        promote(ctx, _writing(sc, cut_at=2), lambda s: None)
+    plan = ctx.study_dir / "confirm" / "plan.json"
+    data = json.loads(plan.read_text())
+    data["replicates"] = 2
+    plan.write_text(json.dumps(data))
+    before = len(sc.confirm_calls)
+    promote(ctx, _writing(sc), lambda s: None)
+    assert len(sc.confirm_calls) - before == 6
