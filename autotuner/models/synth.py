@@ -6,7 +6,7 @@ generated here:
 * ``tiny-*`` archs (``tiny-llama``, ``tiny-qwen3``) and ``small-llama`` get a small config
   *and random weights* written as ``model.safetensors`` (BF16, written with numpy only, no
   torch), so an engine loads them the normal way. They are for CPU engines and tests;
-  ``small-llama`` (8 layers, 109M parameters) is for CPU benchmarks whose engine work should
+  ``small-llama`` (8 layers, 107M parameters) is for CPU benchmarks whose engine work should
   outweigh the HTTP and client work around it.
 * The other archs (``llama-3.1-8b``, ``llama-3.1-70b``, ``qwen3-8b``, ``mistral-7b``) get the
   real public ``config.json`` and a tokenizer but no weights: serve them with
@@ -348,7 +348,7 @@ def _cfg_tiny_llama() -> dict[str, Any]:
 
 
 def _cfg_small_llama() -> dict[str, Any]:
-    # About 40x tiny-llama's compute per token (92M parameters outside the embeddings), so
+    # About 40x tiny-llama's compute per token (90M parameters outside the embeddings), so
     # on a CPU a long prompt's prefill takes longer than the HTTP and client work around it.
     return _llama_config(
         hidden=1024,
