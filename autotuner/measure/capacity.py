@@ -11,7 +11,9 @@ not measurable).
    (up to ``max_rate``); once one misses, the highest meeting rate and the lowest missing rate
    above it bracket the capacity. If the first level misses, the rate shrinks by ``step`` down to
    ``min_rate`` (default: ``start_rate`` itself, so a miss there means the config fails the
-   SLA's own load: capacity 0, ``infeasible_at_start``).
+   SLA's own load: capacity 0, ``infeasible_at_start``). With ``widen`` (a confirmation's
+   narrow search) each further miss squares the step: ``step``, ``step**2``, ``step**4``, ...
+   up to 1.5, so a claim well above the truth is still bracketed within a few levels.
 2. Refine. Two estimates of where the worst margin crosses zero: the chord between the two
    bracketing levels' margins (vLLM's ``bench sweep serve_sla`` interpolates SLA margins the
    same way) and the secant through the two highest meeting levels, extrapolated. Margins below
@@ -128,6 +130,11 @@ def _same(a: float, b: float) -> bool:
     return abs(a - b) <= _REL_EPS * max(abs(a), abs(b))
 
 
+# The widest a widened step grows: the main search's own step; a wider one would skip to rates
+# that tell little and, repeated, would reach rates at which a level never ends.
+_WIDEST_STEP = 1.5
+
+
 @dataclass(frozen=True)
 class _Edge:
     rate: float
@@ -160,6 +167,7 @@ class CapacitySearch:
         quantum: float | None = None,
         remeasure_undecided: int = 1,
         unit: str = "req/s",
+        widen: bool = False,
     ) -> None:
         if not (math.isfinite(start_rate) and start_rate > 0):
             raise ValueError(f"start_rate must be a positive number, got {start_rate!r}")
@@ -186,6 +194,7 @@ class CapacitySearch:
         self.quantum = quantum
         self.remeasure_undecided = remeasure_undecided
         self.unit = unit
+        self.widen = widen
         self._levels: list[MeasuredLevel] = []
         self._meets: list[_Edge] = []  # effective verdicts still standing
         self._misses: list[_Edge] = []
@@ -210,7 +219,9 @@ class CapacitySearch:
 
         It starts one resolution below the claim and steps by twice the resolution, so that a
         claim that holds is bracketed by the first two levels and closed by the third.
-        ``min_rate`` (0 by default here) is how far it may shrink when the claim does not hold.
+        ``min_rate`` (0 by default here) is how far it may shrink when the claim does not hold;
+        it shrinks by a wider step at each miss (``widen``): 4 levels reach ~35 % below the
+        claim, where a fixed step would reach 17 %.
         """
         if not (math.isfinite(claimed) and claimed > 0):
             raise ValueError(f"claimed capacity must be a positive number, got {claimed!r}")
@@ -227,6 +238,7 @@ class CapacitySearch:
             quantum=quantum,
             remeasure_undecided=remeasure_undecided,
             unit=unit,
+            widen=True,
         )
 
     # ------------------------------------------------------------------ the protocol
@@ -347,9 +359,14 @@ class CapacitySearch:
         return self._refine(lo, hi)
 
     def _shrink(self, hi: _Edge) -> _Plan:
-        """Nothing met yet: go down by ``step``, not below ``min_rate``."""
+        """Nothing met yet: go down by ``step`` (widened, see the module docstring), not below
+        ``min_rate``."""
         floor = max(self.min_rate, self.quantum or 0.0)
-        down = self._round(max(hi.rate / self.step, floor), "down")
+        step = self.step
+        if self.widen:
+            tried = len({lv.rate for lv in self._levels})  # a re-measured rate counts once
+            step = max(self.step, min(self.step ** (2 ** min(tried - 1, 8)), _WIDEST_STEP))
+        down = self._round(max(hi.rate / step, floor), "down")
         if down < floor * (1 - _REL_EPS):
             down = self._round(floor, "up")
         if down >= hi.rate * (1 - _REL_EPS):  # already at the floor: nothing lower to try

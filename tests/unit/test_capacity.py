@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -197,12 +198,30 @@ def test_around_confirms_a_claim_that_holds_in_three_levels() -> None:
         assert result.high is not None and result.low <= truth <= result.high
 
 
-def test_around_a_claim_that_does_not_hold_shrinks_and_says_budget() -> None:
+def test_around_a_claim_that_does_not_hold_widens_its_step_down() -> None:
+    # 33 % above the truth: the levels go down by x1.06, x1.12, x1.26 and bracket it in four.
     result = drive(CapacitySearch.around(20.0, max_levels=4), linear(15.0))
-    assert result.stopped_by == "budget" and result.value == 0.0
+    first = 20 / 1.03
+    expected = [first, first / 1.06, first / 1.06**3, first / 1.06**7]
+    assert [lv.rate for lv in result.levels] == pytest.approx(expected)
+    assert result.stopped_by == "budget" and result.high is not None
+    assert 0 < result.low <= 15.0 <= result.high
     wider = drive(CapacitySearch.around(20.0, max_levels=10), linear(15.0))
     assert wider.stopped_by == "resolution"
     assert wider.high is not None and wider.low <= 15.0 <= wider.high
+    # Far below the claim, four levels are not enough: capacity unknown, budget named.
+    far = drive(CapacitySearch.around(20.0, max_levels=4), linear(8.0))
+    assert far.stopped_by == "budget" and far.value == 0.0
+    # However many misses, the step never grows past x1.5.
+    deep = drive(CapacitySearch.around(20.0, max_levels=12), linear(0.5))
+    rates = [lv.rate for lv in deep.levels]
+    assert all(b >= a / 1.5 * (1 - 1e-9) for a, b in itertools.pairwise(rates))
+    assert rates[-1] == pytest.approx(rates[-2] / 1.5)
+
+
+def test_the_main_search_shrinks_by_a_fixed_step() -> None:
+    result = drive(CapacitySearch(10.0, min_rate=1.0, max_levels=4), linear(3.0))
+    assert [lv.rate for lv in result.levels][:3] == pytest.approx([10.0, 10 / 1.5, 10 / 2.25])
 
 
 def test_missing_margins_fall_back_to_bisection() -> None:
