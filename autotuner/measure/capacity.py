@@ -221,7 +221,7 @@ class CapacitySearch:
         claim that holds is bracketed by the first two levels and closed by the third.
         ``min_rate`` (0 by default here) is how far it may shrink when the claim does not hold;
         it shrinks by a wider step at each miss (``widen``): 4 levels reach ~35 % below the
-        claim, where a fixed step would reach 17 %.
+        claim, where a fixed step would reach 18 %.
         """
         if not (math.isfinite(claimed) and claimed > 0):
             raise ValueError(f"claimed capacity must be a positive number, got {claimed!r}")
