@@ -14,24 +14,16 @@ trials) measures every replicate anew.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
+from autotuner.records.confirm import ConfirmPlanFile, PlannedConfig
 from autotuner.search.trial import TrialResult
 
 __all__ = ["PLAN_NAME", "ConfirmPlan"]
 
 PLAN_NAME = "plan.json"
-_MAX_PLAN_BYTES = 1 << 20  # a plan is a few configs; anything bigger is not one of ours
-
-
-def _normal(value: Any) -> Any:
-    """``value`` as JSON gives it back: the form two plans are compared in."""
-    return json.loads(json.dumps(value, sort_keys=True))
 
 
 class ConfirmPlan:
@@ -45,32 +37,22 @@ class ConfirmPlan:
         replicates: int,
     ) -> None:
         self.path = confirm_dir / PLAN_NAME
-        self.plan = _normal(
-            {
-                "replicates": replicates,
-                "configs": {
-                    n: {"params": dict(p), "around": around[n]} for n, p in configs.items()
-                },
-            }
+        self.plan = ConfirmPlanFile(
+            replicates=replicates,
+            configs={
+                n: PlannedConfig(params=dict(p), around=around[n]) for n, p in configs.items()
+            },
         )
         self.resumed = False
-
-    def _recorded(self) -> Any:
-        try:
-            if self.path.stat().st_size > _MAX_PLAN_BYTES:
-                return None
-            return json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None  # none, or unreadable: start afresh
 
     def start(self, run_dirs: Sequence[Path]) -> bool:
         """Record the plan; True when an interrupted run of the same plan is resumed.
         Otherwise the ``trial.json`` files left in ``run_dirs`` are removed."""
-        self.resumed = self._recorded() == self.plan
+        self.resumed = ConfirmPlanFile.read_or_none(self.path) == self.plan
         if not self.resumed:
             for d in run_dirs:
                 (d / "trial.json").unlink(missing_ok=True)
-        atomic_write_text(self.path, json.dumps(self.plan, indent=1, sort_keys=True) + "\n")
+        self.plan.write(self.path)
         return self.resumed
 
     def finished(self, run_dir: Path, params: Mapping[str, ParamValue]) -> TrialResult | None:
@@ -81,9 +63,7 @@ class ConfirmPlan:
             result = TrialResult.read(run_dir / "trial.json")
         except (OSError, ValueError):
             return None  # not there (cut short), or not a trial file: measure it again
-        if _normal(result.params) != _normal(dict(params)):
-            return None
-        return result
+        return result if result.params == dict(params) else None
 
     def done(self) -> None:
         """Every replicate ended: a later confirmation is a new one."""
