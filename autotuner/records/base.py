@@ -82,7 +82,7 @@ class Record(BaseModel):
         """Parse and validate the JSON ``text`` read from ``source``."""
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested past the stack
             raise RecordError(f"{source}: not valid JSON ({exc})") from exc
         if not isinstance(data, dict):
             found = type(data).__name__
@@ -92,7 +92,11 @@ class Record(BaseModel):
     @classmethod
     def read(cls, path: Path) -> Self:
         """Read the record written to ``path`` (``OSError`` if it can't be read at all)."""
-        return cls.from_json(path.read_text(encoding="utf-8"), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"{path}: not UTF-8 text ({exc.reason})") from exc
+        return cls.from_json(text, str(path))
 
     @classmethod
     def read_or_none(cls, path: Path) -> Self | None:

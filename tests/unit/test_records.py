@@ -30,6 +30,7 @@ from autotuner.models import synth
 from autotuner.records.base import RecordError, RecordVersionError
 from autotuner.records.bench import BenchResult
 from autotuner.records.compare import EngineComparison, ReplicateLine
+from autotuner.records.confirm import ConfirmPlanFile
 from autotuner.records.daemon import DaemonInfo
 from autotuner.records.engines import EngineRegistry
 from autotuner.records.manifest import Manifest
@@ -430,6 +431,17 @@ def test_a_record_of_the_wrong_shape_is_a_record_error(tmp_path: Path) -> None:
         Manifest.read(tmp_path / "n.json")
     assert Manifest.read_or_none(tmp_path / "n.json") is None
     assert Manifest.read_or_none(tmp_path / "missing.json") is None
+
+
+def test_a_record_file_not_utf8_or_nested_past_the_stack_is_a_record_error(tmp_path: Path) -> None:
+    (tmp_path / "latin.json").write_bytes(b'{"a": "\xff\xfe"}')
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    with pytest.raises(RecordError, match="not UTF-8"):
+        ConfirmPlanFile.read(tmp_path / "latin.json")
+    with pytest.raises(RecordError, match="not valid JSON"):
+        ConfirmPlanFile.read(tmp_path / "deep.json")
+    for name in ("latin.json", "deep.json"):
+        assert ConfirmPlanFile.read_or_none(tmp_path / name) is None
 
 
 # --------------------------------------------------------------------------- promote -> readers
