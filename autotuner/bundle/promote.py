@@ -274,11 +274,17 @@ def _replicates(
     confirm_dir = ctx.study_dir / "confirm"
     run_dirs = [confirm_dir / f"{name}-r{r}" for r, name in plan]
     recorded = ConfirmPlan(confirm_dir, {n: configs[n].params for n in names}, around, replicates)
-    if recorded.start(run_dirs):
+    how = recorded.start(run_dirs)
+    if how == "resumed":
         say("resuming the interrupted confirmation: the replicates it finished are kept")
+    elif how == "extended":
+        say(
+            f"extending the confirmation of {recorded.earlier} replicates to {replicates}: "
+            "the replicates it finished are kept"
+        )
     reps: list[Replicate] = []
     for i, ((r, name), run_dir) in enumerate(zip(plan, run_dirs, strict=True), 1):
-        res = recorded.finished(run_dir, configs[name].params)
+        res = recorded.finished(run_dir, r, configs[name].params)
         if res is not None:
             say(f"confirmation {i}/{len(plan)}: {name}, replicate {r + 1}: measured before")
         else:

@@ -2,8 +2,9 @@
 
 Exit 0 when every file is a valid SLA, else 2 (each problem on stderr, with file and line).
 A valid SLA may still get warnings (stderr, exit 0): load levels too small to show a
-percentile limit met (:mod:`autotuner.measure.levels`); notes (stdout) say how levels were
-sized and what a confirmation with one replicate cannot do.
+percentile limit met (:mod:`autotuner.measure.levels`), a confirmation of 2 replicates that
+can confirm only a large, closely repeated effect; notes (stdout) say how levels were sized and
+what a confirmation with one replicate cannot do.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 
 from autotuner.core.errors import BadInput
 from autotuner.measure.levels import resolution_notes
+from autotuner.search.capacity_compare import two_pair_warning
 from autotuner.sla.spec import Sla, SlaError, load_sla
 
 
@@ -24,6 +26,10 @@ def _report(p: str, sla: Sla) -> None:
             "least 2 replicates to measure the spread, so none is run and no candidate is "
             "promoted over engine defaults that meet the SLA"
         )
+    t = sla.tune
+    few = two_pair_warning(t.confirm.replicates, t.confidence, t.capacity_resolution)
+    if few is not None:
+        warnings.append(few)
     for line in notes:
         print(f"{p}: note: {line}")
     for line in warnings:

@@ -25,8 +25,8 @@ JobOutcome                  the file named by --outcome (tune,   cli.outcome / d
 StudyLockFile               <study>/tune.lock (who holds it)     search.lock / search.lock
 ProcessOwner                part of StudyLockFile and of         search.lock, search.study /
                             TrialRecord (``owner``)              search.study (start-up sweep)
-ConfirmPlanFile             <study>/confirm/plan.json (while a   search.confirm_plan /
-                            confirmation runs)                   search.confirm_plan
+ConfirmPlanFile             <study>/confirm/plan.json (the last  search.confirm_plan /
+                            confirmation's, marked finished)     search.confirm_plan
 DoctorReport                `autotuner doctor --json`, <daemon   doctor.run / daemon
                             state>/engine-checks/<name>.json     engine_checks, status
 ==========================  ===================================  =============================

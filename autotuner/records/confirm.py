@@ -1,4 +1,4 @@
-"""``<study>/confirm/plan.json``: the plan of a confirmation in progress (see
+"""``<study>/confirm/plan.json``: the plan of a confirmation, in progress or finished (see
 :mod:`autotuner.search.confirm_plan`)."""
 
 from __future__ import annotations
@@ -25,3 +25,4 @@ class ConfirmPlanFile(Record):
 
     replicates: int
     configs: dict[str, PlannedConfig]
+    finished: bool = False  # every replicate ended; older plans: an interrupted one

@@ -225,6 +225,27 @@ def _verdict(effect: float, low: float, high: float, min_effect: float) -> Compa
     return "not_enough_data"
 
 
+def two_pair_warning(replicates: int, confidence: float, resolution: float) -> str | None:
+    """What 2 replicates can decide (None for any other count): the t-interval of 2 pairs has
+    1 degree of freedom, so only a large effect that repeats closely is ever confirmed."""
+    if replicates != 2:
+        return None
+    t1 = t_quantile((1 + confidence) / 2, 1)
+    t2 = t_quantile((1 + confidence) / 2, 2)
+    # better needs mean - t1 * |d1 - d2| / 2 > 0, and the spread floor bounds the half-width.
+    agree = 2 / t1
+    floor = math.expm1(t1 * resolution / math.sqrt(6) / math.sqrt(2))
+    example = math.expm1(agree * math.log(1.3))
+    return (
+        f"tune.confirm.replicates 2: the {confidence:.0%} interval of 2 replicate pairs has 1 "
+        f"degree of freedom (Student t {t1:.1f}), so a candidate is confirmed only if its two "
+        f"capacity ratios to the baseline agree within {agree:.0%} of the effect (a +30% "
+        f"effect: within {example:.1%} of each other) and the effect exceeds {floor:.0%}; "
+        f"3 replicates (t {t2:.1f}) decide far more; raising the count later extends a "
+        "finished confirmation"
+    )
+
+
 # --------------------------------------------------------------------------- worth confirming
 
 

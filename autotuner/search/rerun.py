@@ -6,7 +6,8 @@ spent and whose decision is recorded would repeat all of it for the same answer;
 the decision and where the bundle is instead, and exits as the first run did. The same holds
 when a run launched nothing new (a grid or a space with nothing left to try).
 ``tune --reconfirm`` confirms again; ``--extra-trials N`` (or a larger ``--trials``) searches
-further, then decides anew.
+further, then decides anew; a larger ``tune.confirm.replicates`` than the decision's
+confirmation had extends it (only the added replicates are launched: search.confirm_plan).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def launches(study: optuna.Study) -> set[int]:
     return {t.number for t in study.get_trials(deepcopy=False) if counted(t)}
 
 
-def recorded_decision(study: optuna.Study, study_dir: Path) -> Manifest | None:
+def recorded_decision(study: optuna.Study, study_dir: Path, replicates: int) -> Manifest | None:
     """The manifest of the study's recorded decision while it is still the study's answer:
-    the bundle in ``promoted/`` is the one that decision wrote, and every launch the study
-    counts was known to it. None otherwise (decide as usual)."""
+    the bundle in ``promoted/`` is the one that decision wrote, every launch the study counts
+    was known to it, and a confirmation it ran had at least ``replicates`` (the SLA's
+    ``tune.confirm.replicates``; more asked for extends it). None otherwise (decide as usual)."""
     note = StudyRecord.from_attrs(study.user_attrs, study.study_name).promotion
     if note is None:
         return None
@@ -39,6 +41,10 @@ def recorded_decision(study: optuna.Study, study_dir: Path) -> Manifest | None:
     known = set(provenance.study.trials) if provenance and provenance.study else set()
     if not launches(study) <= known:
         return None  # launches after the decision: it has to be taken again
+    confirmation = manifest.measurements.confirmation if manifest.measurements else None
+    ran = {r.replicate for r in confirmation.replicates} if confirmation else set()
+    if ran and len(ran) < replicates:
+        return None  # more replicates asked for: the confirmation is extended
     return manifest
 
 
@@ -54,6 +60,6 @@ def describe(manifest: Manifest, launched: int) -> list[str]:
         f"{manifest.created}; nothing to launch",
         f"promoted {promoted.label}, which {meets}: {reason}",
         *tier,
-        "run with --reconfirm to measure the confirmation again, or --extra-trials N to search "
-        "further",
+        "run with --reconfirm to measure the confirmation again, --extra-trials N to search "
+        "further, or raise tune.confirm.replicates to add replicates to the confirmation",
     ]

@@ -36,6 +36,7 @@ from autotuner.measure.quality import GateResult
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
 from autotuner.search import rerun, rules
+from autotuner.search.capacity_compare import two_pair_warning
 from autotuner.search.lock import study_lock
 from autotuner.search.priors import memory_fix, sampler_startup, strategy_for
 from autotuner.search.progress import defaults_line
@@ -241,7 +242,7 @@ def _tune(
         budget = Budget(done + extra_trials, budget.time_s)
         _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
     elif not reconfirm and len(rerun.launches(study)) >= budget.trials:
-        decided = rerun.recorded_decision(study, study_dir)
+        decided = rerun.recorded_decision(study, study_dir, sla.tune.confirm.replicates)
         if decided is not None:
             return _reprint(decided, study)
     memory = _crash_memory(study, space, engine_adapter)
@@ -249,6 +250,9 @@ def _tune(
     cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
     settings = SearchSettings.of(sla)
     warnings, notes = resolution_notes(sla)
+    t = sla.tune
+    few = two_pair_warning(t.confirm.replicates, t.confidence, t.capacity_resolution)
+    warnings += [few] if few is not None else []
     for line in notes:
         _say(f"note: {line}")
     for line in warnings:
@@ -331,7 +335,7 @@ def _tune(
             f"({time.monotonic() - started:.0f} s this run)"
         )
         if not reconfirm and not runner.launch_times:  # nothing new measured
-            decided = rerun.recorded_decision(study, study_dir)
+            decided = rerun.recorded_decision(study, study_dir, sla.tune.confirm.replicates)
             if decided is not None:
                 return _reprint(decided, study)
         if stopper is not None and (said := defaults_line(study, stopper.rule.resolution)):

@@ -12,6 +12,7 @@ from autotuner.search.capacity_compare import (
     select_for_confirmation,
     t_cdf,
     t_quantile,
+    two_pair_warning,
     worth_confirming,
 )
 
@@ -167,3 +168,21 @@ def test_select_for_confirmation_ranks_and_limits() -> None:
     assert select_for_confirmation({"t": None}, 15.0, 0.03).reason == (
         "no confirmation: no candidate met the SLA"
     )
+
+
+def test_the_two_pair_warning_states_what_two_pairs_can_decide() -> None:
+    assert two_pair_warning(1, 0.95, 0.03) is None and two_pair_warning(3, 0.95, 0.03) is None
+    text = two_pair_warning(2, 0.95, 0.03)
+    assert text is not None and "Student t 12.7" in text and "3 replicates (t 4.3)" in text
+    assert "within 16% of the effect" in text and "exceeds 12%" in text
+    # The bound it quotes is the decision's: two +30 % pairs just inside it are confirmed,
+    # just outside are not (the H200 lossy run: +30.5 % and +42.3 %, not enough data).
+    inside = math.exp(math.log(1.3) * (2 / t_quantile(0.975, 1)) * 0.95)
+    mid = math.sqrt(inside)
+    assert compare_capacity([10, 10], [13 / mid, 13 * mid]).verdict == "better"
+    wide = math.sqrt(math.exp(math.log(1.3) * (2 / t_quantile(0.975, 1)) * 1.05))
+    assert compare_capacity([10, 10], [13 / wide, 13 * wide]).verdict == "not_enough_data"
+    assert compare_capacity([22, 22], [28.7, 31.3]).verdict == "not_enough_data"
+    # Small effects never pass with 2 pairs, however closely they repeat (the spread floor).
+    assert compare_capacity([10, 10], [11.1, 11.1]).verdict == "not_enough_data"
+    assert compare_capacity([10, 10], [12.2, 12.2]).verdict == "better"

@@ -95,6 +95,11 @@ def test_check_warns_on_stderr_and_notes_on_stdout(
     out, err = capsys.readouterr()
     assert err == "" and f"{grown}: note: p99_ttft_ms at 95% confidence needs 299" in out
     assert "tune.confirm.replicates 1" in out
+    two = tmp_path / "two.yaml"
+    two.write_text(sla("p99_ttft_ms: 500", tune="confirm: {replicates: 2}"))
+    assert check_main([str(two)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{two}: warning: tune.confirm.replicates 2: the 95% interval" in err
 
 
 def test_percentile_verdicts_need_the_interval_clear_of_the_limit() -> None:

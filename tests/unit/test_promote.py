@@ -500,7 +500,8 @@ def test_an_interrupted_confirmation_resumes_without_repeating_its_finished_repl
         29.0,
     ]
     assert manifest["decision"]["promoted"] == "trial-4"
-    assert not (ctx.study_dir / "confirm" / "plan.json").exists()
+    plan = json.loads((ctx.study_dir / "confirm" / "plan.json").read_text())
+    assert plan["finished"] is True and plan["replicates"] == 3
 
     # A finished confirmation is not resumed: deciding again measures every replicate anew.
     sc.confirm = {32: [30.0, 31.0, 29.0] * 2, DEFAULT_SEQS: [15.0, 15.5, 14.5] * 2}
@@ -518,13 +519,70 @@ def test_a_changed_plan_or_a_damaged_replicate_is_measured_again(tmp_path: Path)
     runs = [d.name for _, d, _ in sc.confirm_calls[2:]]
     assert runs == ["baseline-r0", "baseline-r1", "trial-4-r1", "trial-4-r2", "baseline-r2"]
 
-    # Another plan (here: another replicate count) starts afresh, dropping the old files.
+    # Another plan (here: another claim to search around) starts afresh, dropping the old
+    # files.
     with pytest.raises(_Cut):
         promote(ctx, _writing(sc, cut_at=2), lambda s: None)
     plan = ctx.study_dir / "confirm" / "plan.json"
     data = json.loads(plan.read_text())
-    data["replicates"] = 2
+    data["configs"]["baseline"]["around"] = 2.0
     plan.write_text(json.dumps(data))
     before = len(sc.confirm_calls)
     promote(ctx, _writing(sc), lambda s: None)
     assert len(sc.confirm_calls) - before == 6
+
+
+def test_a_finished_confirmation_is_extended_by_more_replicates_not_measured_again(
+    tmp_path: Path,
+) -> None:
+    # The H200 lossy run: 2 replicates measured +30 % and +42 %, which 1 degree of freedom
+    # cannot tell from noise; a third replicate, not six new launches, settles it.
+    sc = Scenario(replicates=2, confirm={32: [28.7, 31.3, 30.0], DEFAULT_SEQS: [22.0, 22.0, 22.2]})
+    ctx = _study(tmp_path, sc)
+    first = promote(ctx, _writing(sc), lambda s: None)
+    assert first["decision"]["verdict"] == "not_enough_data"
+    assert first["decision"]["promoted"] == "baseline"
+    assert len(sc.confirm_calls) == 4
+
+    three = dataclasses.replace(
+        ctx, sla=parse_sla(SLA.replace("LIMIT", "100").replace("REPLICATES", "3"))
+    )
+    with pytest.raises(_Cut):  # the extension is itself interrupted after one launch
+        promote(three, _writing(sc, cut_at=2), lambda s: None)
+    said: list[str] = []
+    manifest = promote(three, _writing(sc), said.append)
+    assert "extending the confirmation of 2 replicates to 3" not in " ".join(said)
+    assert any("resuming the interrupted confirmation" in s for s in said)
+    runs = [d.relative_to(ctx.study_dir).as_posix() for _, d, _ in sc.confirm_calls[4:]]
+    assert runs == ["confirm/trial-4-r2", "confirm/baseline-r2"]
+    caps = [
+        (r["config"], r["replicate"], r["capacity"])
+        for r in manifest["measurements"]["confirmation"]["replicates"]
+    ]
+    assert sorted(caps) == sorted(
+        [("trial-4", i, v) for i, v in enumerate([28.7, 31.3, 30.0])]
+        + [("baseline", i, v) for i, v in enumerate([22.0, 22.0, 22.2])]
+    )
+    assert manifest["decision"]["verdict"] == "better"
+    assert manifest["decision"]["promoted"] == "trial-4"
+    assert manifest["decision"]["effect_low"] > 0.2
+
+
+def test_an_extension_says_so_and_launches_only_the_added_replicates(tmp_path: Path) -> None:
+    sc = Scenario(replicates=2, confirm={32: [30.0, 31.0, 29.0] * 2, DEFAULT_SEQS: [15.0] * 5})
+    ctx = _study(tmp_path, sc)
+    promote(ctx, _writing(sc), lambda s: None)
+    three = dataclasses.replace(
+        ctx, sla=parse_sla(SLA.replace("LIMIT", "100").replace("REPLICATES", "3"))
+    )
+    said: list[str] = []
+    promote(three, _writing(sc), said.append)
+    assert (
+        "extending the confirmation of 2 replicates to 3: the replicates it finished are kept"
+        in said
+    )
+    assert "confirmation 1/6: trial-4, replicate 1: measured before" in said
+    assert [d.name for _, d, _ in sc.confirm_calls[4:]] == ["trial-4-r2", "baseline-r2"]
+    # Fewer replicates than the finished plan: a new confirmation, measured anew.
+    promote(ctx, _writing(sc), lambda s: None)
+    assert len(sc.confirm_calls) == 4 + 2 + 4

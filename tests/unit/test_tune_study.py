@@ -180,6 +180,36 @@ def test_reconfirm_confirms_again_and_extra_trials_search_further(
     assert launches.calls == []
 
 
+def test_more_replicates_in_the_sla_extend_the_finished_confirmation(
+    tmp_path: Path, launches: Launches, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _tune(tmp_path)
+    confirmed = [c for c in launches.calls if "confirm" in c[1].parts]
+    assert {c[1].name[-3:] for c in confirmed} == {"-r0", "-r1"}  # 2 replicates per config
+    capsys.readouterr()
+    more = {**SLA, "tune": {**SLA["tune"], "confirm": {"candidates": 1, "replicates": 3}}}
+    path = tmp_path / f"{NAME}.yaml"
+    path.write_text(yaml.safe_dump(more, sort_keys=False))
+    launches.calls.clear()
+    assert main(["tune", str(path), "--trials-dir", str(tmp_path / "trials")]) == 0
+    # Not a reprint: only the third replicate of each confirmed config is launched.
+    assert sorted(c[1].name for c in launches.calls) == sorted(
+        c[1].name.replace("-r0", "-r2") for c in confirmed if c[1].name.endswith("-r0")
+    )
+    assert "extending the confirmation of 2 replicates to 3" in capsys.readouterr().out
+    manifest = json.loads(
+        (tmp_path / "trials" / NAME / "promoted" / "optimization_manifest.json").read_text()
+    )
+    assert {r["replicate"] for r in manifest["measurements"]["confirmation"]["replicates"]} == {
+        0,
+        1,
+        2,
+    }
+    launches.calls.clear()
+    assert main(["tune", str(path), "--trials-dir", str(tmp_path / "trials")]) == 0
+    assert launches.calls == []  # that decision had 3: a reprint again
+
+
 # --------------------------------------------------------------------------- one tuner per study
 
 
