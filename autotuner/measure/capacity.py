@@ -12,8 +12,9 @@ not measurable).
    above it bracket the capacity. If the first level misses, the rate shrinks by ``step`` down to
    ``min_rate`` (default: ``start_rate`` itself, so a miss there means the config fails the
    SLA's own load: capacity 0, ``infeasible_at_start``). With ``widen`` (a confirmation's
-   narrow search) each further miss squares the step: ``step``, ``step**2``, ``step**4``, ...
-   up to 1.5, so a claim well above the truth is still bracketed within a few levels.
+   narrow search) each further level on the same side squares the step: ``step``,
+   ``step**2``, ``step**4``, ... up to 1.5, so a claim well above or below the truth is still
+   bracketed within a few levels.
 2. Refine. Two estimates of where the worst margin crosses zero: the chord between the two
    bracketing levels' margins (vLLM's ``bench sweep serve_sla`` interpolates SLA margins the
    same way) and the secant through the two highest meeting levels, extrapolated. Margins below
@@ -221,7 +222,10 @@ class CapacitySearch:
         claim that holds is bracketed by the first two levels and closed by the third.
         ``min_rate`` (0 by default here) is how far it may shrink when the claim does not hold;
         it shrinks by a wider step at each miss (``widen``): 4 levels reach ~35 % below the
-        claim, where a fixed step would reach 18 %.
+        claim, where a fixed step would reach 18 %. Above a claim that was too low it grows
+        the same way: the fourth level is ~46 % above the claim instead of 16 %, so a
+        replicate brackets its capacity instead of ending with a floor ("at least X"), which
+        no comparison can use.
         """
         if not (math.isfinite(claimed) and claimed > 0):
             raise ValueError(f"claimed capacity must be a positive number, got {claimed!r}")
@@ -350,7 +354,7 @@ class CapacitySearch:
                 return _Plan(None, "max_rate")
             if len(self._levels) >= self.max_levels:
                 return _Plan(None, "budget")
-            up = self._round(lo.rate * self.step, "up")
+            up = self._round(lo.rate * self._step_now(), "up")
             return _Plan(up if self.max_rate is None else min(up, self.max_rate))
         if self._closed(lo.rate, hi.rate):
             return _Plan(None, "resolution")
@@ -362,11 +366,7 @@ class CapacitySearch:
         """Nothing met yet: go down by ``step`` (widened, see the module docstring), not below
         ``min_rate``."""
         floor = max(self.min_rate, self.quantum or 0.0)
-        step = self.step
-        if self.widen:
-            tried = len({lv.rate for lv in self._levels})  # a re-measured rate counts once
-            step = max(self.step, min(self.step ** (2 ** min(tried - 1, 8)), _WIDEST_STEP))
-        down = self._round(max(hi.rate / step, floor), "down")
+        down = self._round(max(hi.rate / self._step_now(), floor), "down")
         if down < floor * (1 - _REL_EPS):
             down = self._round(floor, "up")
         if down >= hi.rate * (1 - _REL_EPS):  # already at the floor: nothing lower to try
@@ -378,6 +378,14 @@ class CapacitySearch:
         if len(self._levels) >= self.max_levels:
             return _Plan(None, "budget")
         return _Plan(down)
+
+    def _step_now(self) -> float:
+        """The step while bracketing: ``step``, or with ``widen`` squared at each further
+        level on the same side (up to ``_WIDEST_STEP``)."""
+        if not self.widen:
+            return self.step
+        tried = len({lv.rate for lv in self._levels})  # a re-measured rate counts once
+        return max(self.step, min(self.step ** (2 ** min(tried - 1, 8)), _WIDEST_STEP))
 
     def _stalled(self) -> bool:
         """Interpolation is not paying: bisect instead (see the module docstring)."""

@@ -219,6 +219,24 @@ def test_around_a_claim_that_does_not_hold_widens_its_step_down() -> None:
     assert rates[-1] == pytest.approx(rates[-2] / 1.5)
 
 
+def test_around_a_claim_far_below_the_truth_widens_its_step_up() -> None:
+    # The claim 27 % under the truth (a CPU replicate's baseline: 4 meets, "at least 1.98"):
+    # the levels go up by x1.06, x1.12, x1.26 and bracket it in four.
+    result = drive(CapacitySearch.around(20.0, max_levels=4), linear(25.4))
+    first = 20 / 1.03
+    expected = [first, first * 1.06, first * 1.06**3, first * 1.06**7]
+    assert [lv.rate for lv in result.levels] == pytest.approx(expected)
+    assert result.stopped_by == "budget" and result.high is not None
+    assert result.low <= 25.4 <= result.high
+    # However many meets, the step never grows past x1.5; the main search's stays fixed.
+    high = drive(CapacitySearch.around(20.0, max_levels=8), linear(500.0))
+    rates = [lv.rate for lv in high.levels]
+    assert all(b <= a * 1.5 * (1 + 1e-9) for a, b in itertools.pairwise(rates))
+    assert rates[-1] == pytest.approx(rates[-2] * 1.5)
+    plain = drive(CapacitySearch(10.0, max_levels=4), linear(500.0))
+    assert [lv.rate for lv in plain.levels] == pytest.approx([10.0, 15.0, 22.5, 33.75])
+
+
 def test_the_main_search_shrinks_by_a_fixed_step() -> None:
     result = drive(CapacitySearch(10.0, min_rate=1.0, max_levels=4), linear(3.0))
     assert [lv.rate for lv in result.levels][:3] == pytest.approx([10.0, 10 / 1.5, 10 / 2.25])
