@@ -1,0 +1,151 @@
+"""Confirmation on the real CPU vLLM: a candidate that leads the baseline is re-measured in
+interleaved replicates, each a narrow capacity search, and the decision rests on their paired
+capacities. Then the SLA asks for a third replicate: the finished confirmation is extended
+(its four replicates kept, two launched), that extension is stopped with SIGTERM half way and
+resumed (the replicate it finished is not launched again).
+
+The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``): one request at a time,
+so TTFT queues up at about half the load the 8-sequence candidate holds, and the candidate
+leads by far more than the resolution in the search. Which verdict the replicates reach is
+up to the machine; the test checks that it is the one their capacities give.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autotuner.search.capacity_compare import compare_capacity
+
+from .conftest import cpu_sla, run_cli, tagged_processes, wait_until
+
+pytestmark = pytest.mark.slow
+
+NAME = "it-confirm"
+
+
+def _sla(tmp_path: Path, replicates: int) -> Path:
+    workload = {
+        "input_tokens": 64,
+        "output_tokens": 64,
+        "arrival": {"process": "poisson", "rate": 1.5},
+        "requests": 12,
+        "seed": 4,
+    }
+    sla = cpu_sla(
+        NAME,
+        workload,
+        constraints={"p50_ttft_ms": 150},  # a median needs few requests per level
+        objectives=[{"maximize": "capacity"}],
+        search={"params": {"max_num_seqs": {"values": [1, 8]}}, "baseline": {"max_num_seqs": 1}},
+        tune={
+            "sampler": "grid",
+            "max_levels": 4,
+            "confirm": {"candidates": 1, "replicates": replicates},
+        },
+    )
+    path = tmp_path / f"{NAME}.yaml"
+    path.write_text(yaml.safe_dump(sla, sort_keys=False))
+    return path
+
+
+def _launches(run_dir: Path) -> int:
+    log = run_dir / "engine.log"
+    return log.read_text().count("# autotuner launch") if log.exists() else 0
+
+
+def _check_decision(manifest: dict[str, Any], replicates: int) -> None:
+    """The manifest's comparison is the one its recorded replicate capacities give."""
+    reps = manifest["measurements"]["confirmation"]["replicates"]
+    caps: dict[str, list[float | None]] = {"baseline": [None] * replicates}
+    caps["trial-1"] = [None] * replicates
+    for r in reps:
+        caps[r["config"]][r["replicate"]] = r["capacity"]
+    assert sorted((r["config"], r["replicate"]) for r in reps) == sorted(
+        (c, i) for c in ("baseline", "trial-1") for i in range(replicates)
+    )
+    decision = manifest["decision"]
+    assert decision["basis"] == "capacity" and decision["confirmed"] is True
+    got = decision["comparisons"]["trial-1"]
+    want = compare_capacity(
+        caps["baseline"],
+        caps["trial-1"],
+        min_effect=decision["min_effect"],
+        confidence=decision["confidence"],
+        label="trial-1",
+    )
+    assert (got["effect"], got["pairs"]) == (want.effect, want.pairs), (got, want)
+    if got["verdict"] != want.verdict:  # only a floor-only baseline replicate may veto a win
+        assert want.verdict == "better" and "only bounded below" in got["reason"], got
+    promoted = "trial-1" if got["verdict"] == "better" else "baseline"
+    assert decision["promoted"] == promoted
+
+
+def test_confirmation_decides_on_replicates_and_is_extended_then_resumed(
+    cli_env: dict[str, str], tag: str, tmp_path: Path
+) -> None:
+    trials_dir = tmp_path / "trials"
+    study_dir = trials_dir / NAME
+    confirm = study_dir / "confirm"
+
+    # 1. Search (baseline, candidate), then a confirmation of 2 replicates each.
+    sla = _sla(tmp_path, 2)
+    r = run_cli(["tune", str(sla), "--trials-dir", str(trials_dir)], cli_env, timeout_s=1200)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    assert "warning: tune.confirm.replicates 2" in r.stdout
+    assert "confirm trial-1: ahead of the baseline by" in r.stdout, r.stdout[-4000:]
+    assert "confirmation 4/4: " in r.stdout
+    manifest = json.loads((study_dir / "promoted" / "optimization_manifest.json").read_text())
+    _check_decision(manifest, 2)
+    first = {d.name for d in confirm.iterdir() if d.is_dir()}
+    assert first == {"trial-1-r0", "baseline-r0", "trial-1-r1", "baseline-r1"}
+    assert all(_launches(confirm / d) == 1 for d in first)
+    plan = json.loads((confirm / "plan.json").read_text())
+    assert plan["finished"] is True and plan["replicates"] == 2
+
+    # 2. Three replicates asked for: the finished four are kept; stop it at the sixth launch.
+    sla = _sla(tmp_path, 3)
+    cmd = [sys.executable, "-m", "autotuner", "tune", str(sla), "--trials-dir", str(trials_dir)]
+    proc = subprocess.Popen(
+        cmd, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("confirmation 6/6: "):
+                proc.send_signal(signal.SIGTERM)
+                break
+        else:
+            pytest.fail("tune ended before its sixth confirmation launch:\n" + "".join(seen))
+        rest, _ = proc.communicate(timeout=120)
+        seen.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(seen)
+    assert proc.returncode != 0, out[-3000:]
+    assert "extending the confirmation of 2 replicates to 3" in out, out[-3000:]
+    assert out.count(": measured before") == 4
+    wait_until(lambda: not tagged_processes(tag), 60, "the stopped tuner's engines to exit")
+    assert _launches(confirm / "trial-1-r2") == 1
+
+    # 3. Run again: the interrupted extension resumes; only the last replicate is launched.
+    r = run_cli(["tune", str(sla), "--trials-dir", str(trials_dir)], cli_env, timeout_s=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    assert "resuming the interrupted confirmation" in r.stdout
+    assert r.stdout.count(": measured before") == 5
+    assert all(_launches(confirm / d) == 1 for d in [*first, "trial-1-r2"])
+    assert _launches(confirm / "baseline-r2") >= 1
+    manifest = json.loads((study_dir / "promoted" / "optimization_manifest.json").read_text())
+    _check_decision(manifest, 3)
+    plan = json.loads((confirm / "plan.json").read_text())
+    assert plan["finished"] is True and plan["replicates"] == 3
