@@ -385,7 +385,8 @@ class CapacitySearch:
         if not self.widen:
             return self.step
         tried = len({lv.rate for lv in self._levels})  # a re-measured rate counts once
-        return max(self.step, min(self.step ** (2 ** min(tried - 1, 8)), _WIDEST_STEP))
+        widened: float = self.step ** (2 ** min(tried - 1, 8))
+        return max(self.step, min(widened, _WIDEST_STEP))
 
     def _stalled(self) -> bool:
         """Interpolation is not paying: bisect instead (see the module docstring)."""

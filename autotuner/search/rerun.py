@@ -41,11 +41,16 @@ def recorded_decision(study: optuna.Study, study_dir: Path, replicates: int) -> 
     known = set(provenance.study.trials) if provenance and provenance.study else set()
     if not launches(study) <= known:
         return None  # launches after the decision: it has to be taken again
-    confirmation = manifest.measurements.confirmation if manifest.measurements else None
-    ran = {r.replicate for r in confirmation.replicates} if confirmation else set()
-    if ran and len(ran) < replicates:
+    ran = replicates_run(manifest)
+    if ran and ran < replicates:
         return None  # more replicates asked for: the confirmation is extended
     return manifest
+
+
+def replicates_run(manifest: Manifest) -> int:
+    """How many replicates per config the decision's confirmation ran (0: none)."""
+    confirmation = manifest.measurements.confirmation if manifest.measurements else None
+    return len({r.replicate for r in confirmation.replicates}) if confirmation else 0
 
 
 def describe(manifest: Manifest, launched: int) -> list[str]:
@@ -55,11 +60,17 @@ def describe(manifest: Manifest, launched: int) -> list[str]:
     meets = "meets the SLA" if promoted.meets_sla else "does NOT meet the SLA"
     reason = manifest.decision.reason if manifest.decision is not None else ""
     tier = [] if manifest.lossy_tier is None else [f"lossy tier: {manifest.lossy_tier.why}"]
+    ran = replicates_run(manifest)
+    more = (
+        f", or raise tune.confirm.replicates above {ran} to add replicates to its confirmation"
+        if ran
+        else ""
+    )
     return [
         f"study {manifest.study} is finished: {launched} launches counted, decided at "
         f"{manifest.created}; nothing to launch",
         f"promoted {promoted.label}, which {meets}: {reason}",
         *tier,
         "run with --reconfirm to measure the confirmation again, --extra-trials N to search "
-        "further, or raise tune.confirm.replicates to add replicates to the confirmation",
+        f"further{more}",
     ]
