@@ -93,6 +93,8 @@ def _winner(ctx: p.Context, c: Candidate, decision: Decision) -> TierWinner:
         basis=basis,
         verdict=cmp.get("verdict"),
         effect=cmp.get("effect"),
+        low=cmp.get("low"),
+        high=cmp.get("high"),
     )
 
 
@@ -111,13 +113,14 @@ def _record(
     promoted: Literal["lossy", "lossless"] = (
         "lossy" if settled.promoted == label(lossy) else "lossless"
     )
+    cmp = decision.comparisons.get(top.label) or {}
+    shown = cmp.get("reason") or decision.reason
     if promoted == "lossy":
         why = f"promoted the lossy winner {top.label}: {settled.reason}"
     elif gate is not None:
-        why = f"promoted {settled.promoted}: {settled.reason}"
+        # What the lossy winner holds by capacity, then why the gate kept it out.
+        why = f"{shown}; {settled.reason}" if cmp.get("reason") else settled.reason
     else:
-        cmp = decision.comparisons.get(top.label) or {}
-        shown = cmp.get("reason") or decision.reason
         why = (
             f"the lossy winner {top.label} was not promoted by capacity ({shown}), so the "
             f"quality gate was not run; promoted {settled.promoted}"
@@ -152,8 +155,7 @@ def lossy_tier_md(study: str, tier: LossyTier, unit: str) -> str:
         if w is None:
             out.append(f"| {name} | none met the SLA | | |")
             continue
-        vs = "" if w.effect is None else f"{w.effect * 100:+.1f} % ({w.verdict})"
-        out.append(f"| {name} | {w.label} | {cap(w)} | {vs or w.verdict or 'not confirmed'} |")
+        out.append(f"| {name} | {w.label} | {cap(w)} | {_against(w)} |")
     out.append("")
     gained = "n/a" if tier.gain is None else f"{tier.gain * 100:+.1f} %"
     out += [f"**Gain** of the lossy winner over the lossless one: {gained} ({tier.gain_basis})", ""]
@@ -179,6 +181,18 @@ def lossy_tier_md(study: str, tier: LossyTier, unit: str) -> str:
         out += [f"**Lossless winner's parameters**: {shown(tier.lossless.params)}", ""]
     out += [f"**Lossy winner's parameters**: {shown(tier.lossy.params)}", ""]
     return "\n".join(out)
+
+
+def _against(w: TierWinner) -> str:
+    """A winner's confirmed effect over the baseline, with its interval where recorded."""
+    if w.label == "baseline":
+        return "is the baseline"
+    if w.effect is None:
+        return w.verdict or "not confirmed"
+    span = ""
+    if w.low is not None and w.high is not None:
+        span = f" [{w.low * 100:+.1f} %, {w.high * 100:+.1f} %]"
+    return f"{w.effect * 100:+.1f} %{span} ({w.verdict})"
 
 
 def _pct(v: object) -> str:

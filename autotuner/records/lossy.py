@@ -26,6 +26,8 @@ class TierWinner(_Part):
     # Its confirmation against the baseline (compare_capacity's verdict and effect).
     verdict: str | None = None
     effect: float | None = None
+    low: float | None = None  # the effect's interval (None in manifests before it was kept)
+    high: float | None = None
 
 
 class LossyTier(_Part):

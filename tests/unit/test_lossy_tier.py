@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from autotuner.bundle.lossy_tier import lossy_tier_md
 from autotuner.bundle.promote import Context, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.measure.quality import DUMMY_WEIGHTS, GateResult
+from autotuner.records.lossy import LossyTier, TierWinner
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import CapacityRecord
 from autotuner.search import rerun
@@ -158,7 +160,10 @@ def test_a_lossy_winner_that_passes_the_gate_is_promoted_and_both_are_shown(
     assert "Promoted: **the lossy winner**" in md
     assert "+50.0 % (means of confirmation replicates)" in md
     assert '`kv_cache_dtype="fp8"`' in md
-    assert "| lossless | trial-1 | 20 req/s (mean of 3 replicates) | +100.0 % (better) |" in md
+    assert (
+        "| lossless | trial-1 | 20 req/s (mean of 3 replicates) "
+        "| +100.0 % [+94.0 %, +106.2 %] (better) |"
+    ) in md
     # The fallback plan names what to run without fp8 (the CPU engine's fp8 KV cache needs
     # AVX-512 or AMX) with the capacity the study measured for it: the lossless winner.
     plan = (ctx.study_dir / "promoted" / "fallback_plan.md").read_text()
@@ -214,6 +219,12 @@ def test_dummy_weights_promote_the_lossy_winner_only_when_the_sla_says_so(
         assert tier["promoted"] == "lossless"
         assert manifest["promoted"]["params"] == {**FIXED, **LOSSLESS}
         assert "not measurable on dummy weights" in manifest["decision"]["reason"]
+        # Gated out, its measured gain is still said: the effect with its interval.
+        assert tier["why"].startswith("trial-2 holds +200.0% [")
+        assert "the lossy winner trial-2 is not promoted" in tier["why"]
+        assert tier["lossy"]["low"] is not None and tier["lossy"]["high"] is not None
+        md = (ctx.study_dir / "promoted" / "lossy_tier.md").read_text()
+        assert "| lossy | trial-2 | 30 req/s (mean of 3 replicates) | +200.0 % [" in md
 
 
 def test_without_a_gate_no_lossy_config_is_promoted(tmp_path: Path) -> None:
@@ -311,6 +322,14 @@ def test_settle_falls_back_to_the_lossless_winner_only_when_it_was_better() -> N
     untouched = decision("trial-1", **{"trial-1": "better"})
     assert settle(untouched, lossy_label="trial-2", lossless_label="trial-1", gate=None,
                   promote_unmeasured=True) is untouched  # fmt: skip
+
+
+def test_the_table_names_the_baseline_and_an_effect_without_an_interval() -> None:
+    base = TierWinner(label="baseline", trial=0, capacity=22.0, basis="mean of 3 replicates")
+    old = TierWinner(label="trial-1", trial=1, verdict="better", effect=0.32)  # older manifest
+    md = lossy_tier_md("s", LossyTier(lossless=base, lossy=old, why="w"), "req/s")
+    assert "| lossless | baseline | 22 req/s (mean of 3 replicates) | is the baseline |" in md
+    assert "| lossy | trial-1 | n/a | +32.0 % (better) |" in md
 
 
 def test_gain_of_the_lossy_over_the_lossless_winner() -> None:
