@@ -119,7 +119,11 @@ def _record(
         why = f"promoted the lossy winner {top.label}: {settled.reason}"
     elif gate is not None:
         # What the lossy winner holds by capacity, then why the gate kept it out.
-        why = f"{shown}; {settled.reason}" if cmp.get("reason") else settled.reason
+        held = f"{cmp['reason']}; " if cmp.get("reason") else ""
+        why = (
+            f"{held}not promoted: quality gate {gate.verdict}: {gate.reason}; "
+            f"promoted {settled.promoted}"
+        )
     else:
         why = (
             f"the lossy winner {top.label} was not promoted by capacity ({shown}), so the "

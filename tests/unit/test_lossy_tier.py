@@ -196,6 +196,10 @@ def test_a_gate_that_fails_promotes_the_lossless_winner(tmp_path: Path) -> None:
     assert manifest["decision"]["effect"] == pytest.approx(1.0, rel=0.02)
     tier = manifest["lossy_tier"]
     assert tier["promoted"] == "lossless" and tier["gate"]["verdict"] == "fail"
+    assert tier["why"].startswith("trial-2 holds +200.0% [")
+    assert tier["why"].endswith(
+        "quality gate fail: token agreement 80.0% < 95.0%; promoted trial-1"
+    )
     assert tier["gain"] == pytest.approx(0.5)  # the price of keeping outputs: shown anyway
     # The gated-out lossy winner is no fallback: the plan offers the baseline only.
     plan = (ctx.study_dir / "promoted" / "fallback_plan.md").read_text()
@@ -221,7 +225,9 @@ def test_dummy_weights_promote_the_lossy_winner_only_when_the_sla_says_so(
         assert "not measurable on dummy weights" in manifest["decision"]["reason"]
         # Gated out, its measured gain is still said: the effect with its interval.
         assert tier["why"].startswith("trial-2 holds +200.0% [")
-        assert "the lossy winner trial-2 is not promoted" in tier["why"]
+        assert tier["why"].endswith(
+            f"; not promoted: quality gate not_measurable: {DUMMY_WEIGHTS}; promoted trial-1"
+        )
         assert tier["lossy"]["low"] is not None and tier["lossy"]["high"] is not None
         md = (ctx.study_dir / "promoted" / "lossy_tier.md").read_text()
         assert "| lossy | trial-2 | 30 req/s (mean of 3 replicates) | +200.0 % [" in md
