@@ -7,7 +7,8 @@ the decision and where the bundle is instead, and exits as the first run did. Th
 when a run launched nothing new (a grid or a space with nothing left to try).
 ``tune --reconfirm`` confirms again; ``--extra-trials N`` (or a larger ``--trials``) searches
 further, then decides anew; a larger ``tune.confirm.replicates`` than the decision's
-confirmation had extends it (only the added replicates are launched: search.confirm_plan).
+confirmation had extends it (only the added replicates are launched: search.confirm_plan), and
+2 or more where the decision was taken with 1 (so without a confirmation) runs one.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import optuna
 
+from autotuner.core.errors import BadInput
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import StudyRecord
 from autotuner.search.study import counted
+from autotuner.sla.spec import parse_sla
 
 
 def launches(study: optuna.Study) -> set[int]:
@@ -44,6 +47,8 @@ def recorded_decision(study: optuna.Study, study_dir: Path, replicates: int) -> 
     ran = replicates_run(manifest)
     if ran and ran < replicates:
         return None  # more replicates asked for: the confirmation is extended
+    if not ran and replicates >= 2 and (replicates_asked(manifest) or 2) < 2:
+        return None  # decided with 1 replicate, so without a confirmation: one can run now
     return manifest
 
 
@@ -51,6 +56,17 @@ def replicates_run(manifest: Manifest) -> int:
     """How many replicates per config the decision's confirmation ran (0: none)."""
     confirmation = manifest.measurements.confirmation if manifest.measurements else None
     return len({r.replicate for r in confirmation.replicates}) if confirmation else 0
+
+
+def replicates_asked(manifest: Manifest) -> int | None:
+    """The ``tune.confirm.replicates`` of the SLA the decision was taken with (None: the
+    manifest's copy of the SLA is missing or no longer valid)."""
+    if manifest.sla is None:
+        return None
+    try:
+        return parse_sla(manifest.sla.file).tune.confirm.replicates
+    except BadInput:
+        return None
 
 
 def describe(manifest: Manifest, launched: int) -> list[str]:
@@ -61,11 +77,13 @@ def describe(manifest: Manifest, launched: int) -> list[str]:
     reason = manifest.decision.reason if manifest.decision is not None else ""
     tier = [] if manifest.lossy_tier is None else [f"lossy tier: {manifest.lossy_tier.why}"]
     ran = replicates_run(manifest)
-    more = (
-        f", or raise tune.confirm.replicates above {ran} to add replicates to its confirmation"
-        if ran
-        else ""
-    )
+    more = ""
+    if ran:
+        more = (
+            f", or raise tune.confirm.replicates above {ran} to add replicates to its confirmation"
+        )
+    elif replicates_asked(manifest) == 1:
+        more = ", or set tune.confirm.replicates to 2 or more to confirm it"
     return [
         f"study {manifest.study} is finished: {launched} launches counted, decided at "
         f"{manifest.created}; nothing to launch",

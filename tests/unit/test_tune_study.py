@@ -210,6 +210,32 @@ def test_more_replicates_in_the_sla_extend_the_finished_confirmation(
     assert launches.calls == []  # that decision had 3: a reprint again
 
 
+def test_a_decision_taken_with_one_replicate_is_confirmed_when_the_sla_asks_for_two(
+    tmp_path: Path, launches: Launches, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def with_replicates(n: int) -> Path:
+        sla = {**SLA, "tune": {**SLA["tune"], "confirm": {"candidates": 1, "replicates": n}}}
+        path = tmp_path / f"{NAME}-{n}.yaml"
+        path.write_text(yaml.safe_dump(sla, sort_keys=False))
+        return path
+
+    trials = ["--trials-dir", str(tmp_path / "trials")]
+    assert main(["tune", str(with_replicates(1)), *trials]) == 0
+    assert not any("confirm" in c[1].parts for c in launches.calls)  # 1 replicate: none runs
+    launches.calls.clear()
+    capsys.readouterr()
+    assert main(["tune", str(with_replicates(1)), *trials]) == 0
+    assert launches.calls == []  # the same SLA: a reprint, which says how to confirm
+    assert "set tune.confirm.replicates to 2 or more to confirm it" in capsys.readouterr().out
+    assert main(["tune", str(with_replicates(2)), *trials]) == 0
+    # Not a reprint: no search launch, the confirmation's 2 replicates of each config.
+    assert launches.calls and all("confirm" in c[1].parts for c in launches.calls)
+    assert {c[1].name[-3:] for c in launches.calls} == {"-r0", "-r1"}
+    launches.calls.clear()
+    assert main(["tune", str(with_replicates(2)), *trials]) == 0
+    assert launches.calls == []
+
+
 # --------------------------------------------------------------------------- one tuner per study
 
 
