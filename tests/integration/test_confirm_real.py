@@ -4,10 +4,12 @@ capacities. Then the SLA asks for a third replicate: the finished confirmation i
 (its four replicates kept, two launched), that extension is stopped with SIGTERM half way and
 resumed (the replicate it finished is not launched again).
 
-The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``): one request at a time,
-so TTFT queues up at about half the load the 8-sequence candidate holds, and the candidate
-leads by far more than the resolution in the search. Which verdict the replicates reach is
-up to the machine; the test checks that it is the one their capacities give.
+The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``): one request of 128
+output tokens at a time, so TTFT queues up at a fraction of the load the 4-sequence candidate
+holds, whatever the machine's speed (on a fast one, 64-token requests let both reach the last
+level and tie), and the candidate leads by far more than the resolution in the search. Which
+verdict the replicates reach is up to the machine; the test checks that it is the one their
+capacities give.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ NAME = "it-confirm"
 def _sla(tmp_path: Path, replicates: int) -> Path:
     workload = {
         "input_tokens": 64,
-        "output_tokens": 64,
-        "arrival": {"process": "poisson", "rate": 1.5},
-        "requests": 12,
+        "output_tokens": 128,  # decode-bound: one sequence at a time saturates early
+        "arrival": {"process": "poisson", "rate": 1.0},
+        "requests": 16,
         "seed": 4,
     }
     sla = cpu_sla(
@@ -44,10 +46,11 @@ def _sla(tmp_path: Path, replicates: int) -> Path:
         workload,
         constraints={"p50_ttft_ms": 150},  # a median needs few requests per level
         objectives=[{"maximize": "capacity"}],
-        search={"params": {"max_num_seqs": {"values": [1, 8]}}, "baseline": {"max_num_seqs": 1}},
+        search={"params": {"max_num_seqs": {"values": [1, 4]}}, "baseline": {"max_num_seqs": 1}},
         tune={
             "sampler": "grid",
-            "max_levels": 4,
+            "max_levels": 5,
+            "max_requests_per_level": 48,  # an undecided level is extended at most 3x
             "confirm": {"candidates": 1, "replicates": replicates},
         },
     )
