@@ -191,6 +191,8 @@ def confirm(
         if not top and any(c.feasible and not c.baseline for c in launched):
             # Candidates met the SLA but none reached the front: the baseline measured best.
             reason = "no confirmation: the baseline measured best (no candidate on the front)"
+        elif all(c.baseline for c in launched):
+            reason = "no confirmation: only the baseline was launched"
         return not_confirmed(f"kept the baseline, no launch spent: {reason}"), [], configs
     if spec.replicates < 2:
         lead = selection.labels[0]

@@ -147,7 +147,7 @@ def _space() -> SearchSpace:
     return SearchSpace("vllm", "0.32.0", "cpu", [seqs], dict(FIXED), source="unit")
 
 
-def _study(tmp_path: Path, sc: Scenario, sla_text: str = SLA) -> Context:
+def _study(tmp_path: Path, sc: Scenario, sla_text: str = SLA, budget: int = 4) -> Context:
     """Run the study loop over the synthetic launches; return promotion's context."""
     text = sla_text.replace("LIMIT", str(sc.limit)).replace("REPLICATES", str(sc.replicates))
     sla = parse_sla(text)
@@ -163,7 +163,8 @@ def _study(tmp_path: Path, sc: Scenario, sla_text: str = SLA) -> Context:
         fixed=FIXED,
         prune=lambda p: "too few sequences" if p.get("max_num_seqs") == 1 else None,
         run=sc.search,
-        budget=Budget(4),  # baseline + 4 + 128 (crashed) + 32; the pruned one is not counted
+        # 4: baseline + 4 + 128 (crashed) + 32; the pruned one is not counted
+        budget=Budget(budget),
         say=lambda s: None,
     )
     runner.loop()
@@ -383,6 +384,18 @@ def test_a_front_of_the_baseline_alone_says_it_measured_best(tmp_path: Path) -> 
     assert decision.promoted == "baseline"
     assert "the baseline measured best" in decision.reason
     assert "no candidate met the SLA" not in decision.reason
+
+
+def test_a_study_of_the_baseline_alone_says_so(tmp_path: Path) -> None:
+    # A budget of one launch (a reference measurement of one config): nothing else was tried,
+    # so "no candidate met the SLA" would misread as candidates that failed.
+    sc = Scenario()
+    ctx = _study(tmp_path, sc, budget=1)
+    assert [c.baseline for c in candidates(ctx.study)] == [True]
+    manifest = promote(ctx, sc.confirm_run, lambda s: None)
+    assert sc.confirm_calls == [] and manifest["promoted"]["label"] == "baseline"
+    reason = manifest["decision"]["reason"]
+    assert reason.endswith("no launch spent: no confirmation: only the baseline was launched")
 
 
 def test_one_replicate_cannot_confirm_so_none_is_launched(tmp_path: Path) -> None:
