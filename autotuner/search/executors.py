@@ -20,7 +20,7 @@ RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
 
 
 class Executor(Protocol):
-    """Runs trials for the study loop. The contract, which tests/unit/test_executor_contract.py
+    """Runs trials for the study loop. The contract, which tests/unit/search/test_executor_contract.py
     checks for every executor:
 
     - ``capacity()`` is at least 1; the loop keeps at most that many trials in flight.

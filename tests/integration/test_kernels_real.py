@@ -1,6 +1,6 @@
 """The kernel breakdown on the real CPU vLLM: one launch under vLLM's own profiler.
 
-A synthetic study (tests/unit/test_promote.py's, no engine) whose decision keeps the
+A synthetic study (tests/unit/bundle/test_promote.py's, no engine) whose decision keeps the
 baseline is promoted with a profile run that launches the real engine, so one launch (about
 70 s on 2 cores) checks the profiler flags of the installed vLLM, the capture around a window
 of load, the trace's aggregation (GEMM present, steps split into phases) and the bundle's
@@ -24,7 +24,7 @@ from autotuner.engines import envs
 from autotuner.measure.kernel_profile import profile_config, worker_traces
 from autotuner.measure.kernels import ALL, KernelBreakdown
 from autotuner.sla.spec import parse_sla
-from tests.unit.test_promote import Scenario, _study
+from tests.unit.bundle.test_promote import Scenario, _study
 
 from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla
 

@@ -98,8 +98,8 @@ def test_every_path_the_ci_script_and_the_docs_name_exists() -> None:
 
 def test_the_ci_script_names_paths_this_test_sees() -> None:
     named = {p for p, _ in _named_paths(ROOT / ".ci" / "run")}
-    assert "tests/unit/test_cli.py" in named  # where the README/CI command check lives
-    assert "tests/unit/test_alerting.py" in named
+    assert "tests/unit/cli/test_cli.py" in named  # where the README/CI command check lives
+    assert "tests/unit/daemon/test_alerting.py" in named
 
 
 def test_objectives_readme_lists_every_sla_file() -> None:

@@ -127,7 +127,7 @@ def test_registry_survives_reload(py: Path, home: Path) -> None:
     a = envs.add("a", py)
     b = envs.add("b", py)
     # A fresh process sees the same registry.
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     code = (
         "import json; from autotuner.engines import envs; "
         "print(json.dumps([e.to_dict() for e in envs.list_envs()]))"

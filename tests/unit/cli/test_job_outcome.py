@@ -28,7 +28,7 @@ from autotuner.daemon.service import Daemon
 from autotuner.engines import envs
 from autotuner.records.outcome import JobOutcome
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SLA_FILE = str(ROOT / "objectives" / "quickstart-cpu.yaml")
 SLA = """\
 name: {name}

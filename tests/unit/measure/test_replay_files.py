@@ -20,7 +20,7 @@ from autotuner.measure.workload import Arrival, LengthDist, PromptSource
 from autotuner.models import synth
 from autotuner.sla.spec import SlaError, load_sla, parse_sla
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "objectives" / "examples"
 OUT = LengthDist.fixed(16)
 

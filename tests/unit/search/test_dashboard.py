@@ -1,7 +1,7 @@
 """A study reads well in optuna-dashboard (issue 15, item 16): named objectives, feasibility and
 each measured metric as a number it can sort by.
 
-The study is made by the real study loop (tests/unit/test_study.py's harness: a synthetic
+The study is made by the real study loop (tests/unit/search/test_study.py's harness: a synthetic
 response surface instead of engines) and read back through the dashboard's own WSGI app and
 the REST route its web page calls, as a user opening ``optuna-dashboard sqlite:///...`` would.
 """
@@ -19,7 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.records.trial import TrialRecord
-from tests.unit.test_study import Harness
+from tests.unit.search.test_study import Harness
 
 
 def _get(app: Any, path: str) -> Any:

@@ -28,7 +28,7 @@ from autotuner.sla.spec import (
     to_yaml,
 )
 
-OBJECTIVES = Path(__file__).resolve().parents[2] / "objectives"
+OBJECTIVES = Path(__file__).resolve().parents[3] / "objectives"
 
 MINIMAL = """\
 model: {synth: tiny-llama}

@@ -11,7 +11,7 @@ import pytest
 from autotuner.cli.bench import parse_overrides
 from autotuner.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_check_accepts_the_shipped_examples(capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,7 +81,7 @@ def test_readme_test_command_is_what_ci_runs() -> None:
 def test_every_subpackage_and_the_search_spaces_ship_in_the_wheel() -> None:
     import tomllib
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     found = {

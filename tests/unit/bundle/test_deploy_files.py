@@ -28,7 +28,7 @@ from autotuner.daemon.metrics import METRIC_NAMES, StoreCollector, make_registry
 from autotuner.daemon.service import STOP_GRACE_S
 from autotuner.daemon.store import Store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"

@@ -55,7 +55,7 @@ READINGS = {
     "phases": {"queue", "prefill", "decode"},
 }
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def protocol_members(proto: type) -> set[str]:

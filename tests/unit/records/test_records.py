@@ -40,9 +40,9 @@ from autotuner.search import placement
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla
-from tests.unit.test_promote import Scenario, _study
+from tests.unit.bundle.test_promote import Scenario, _study
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 LEGACY_BENCH = EXAMPLES / "h200-bench-llama3-8b-defaults.json"
 LEGACY_MANIFEST = EXAMPLES / "h200-llama3-8b-quick" / "optimization_manifest.json"
 

@@ -23,7 +23,7 @@ from autotuner.doctor.gpu_findings import gpu_findings
 from autotuner.doctor.torchprobe import TorchFacts
 from autotuner.records.doctor import DoctorReport, Finding, exit_code_of
 from autotuner.sla.spec import parse_sla
-from tests.unit.test_hardware import H200_TOTAL, FakeNvml, h200
+from tests.unit.core.test_hardware import H200_TOTAL, FakeNvml, h200
 
 GIB = 1 << 30
 
@@ -434,7 +434,7 @@ def test_the_h200_sla_without_pynvml(
 
     monkeypatch.setattr(run, "probe_torch", probe)
     monkeypatch.setattr(run, "scan", lambda devices, **kw: scan(devices, smi=h200_smi))
-    sla = Path(__file__).resolve().parents[2] / "objectives" / "llama3-8b-h200.yaml"
+    sla = Path(__file__).resolve().parents[3] / "objectives" / "llama3-8b-h200.yaml"
     code = main(["doctor", str(sla), "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == data["exit_code"]

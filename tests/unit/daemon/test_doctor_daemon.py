@@ -13,7 +13,7 @@ from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.service import Daemon
 from autotuner.engines import envs
 from autotuner.records.doctor import DoctorReport, Finding, exit_code_of
-from tests.unit.test_daemon import _env
+from tests.unit.daemon.test_daemon import _env
 
 
 def fake_check(calls: list[str]) -> engine_checks.Check:

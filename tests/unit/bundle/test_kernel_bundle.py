@@ -15,7 +15,7 @@ from autotuner.core.types import ParamValue
 from autotuner.measure.kernel_profile import ProfileFailed
 from autotuner.measure.kernels import ALL, KernelBreakdown, aggregate
 
-from .test_kernels import cpu_trace
+from tests.unit.measure.test_kernels import cpu_trace
 from .test_promote import DEFAULT_SEQS, Scenario, _study
 
 

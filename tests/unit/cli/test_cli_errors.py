@@ -29,7 +29,7 @@ from autotuner.core.errors import (
 from autotuner.engines.base import EngineLaunchError, LaunchCause
 from autotuner.search.study import StudyMismatch, storage_url
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SLA = str(ROOT / "objectives" / "quickstart-cpu.yaml")
 LINE = re.compile(
     r"^internal error: ZeroDivisionError: division by zero "

@@ -35,7 +35,7 @@ from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Job
 from autotuner.engines import envs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 CASES = Path(__file__).resolve().parent / "promtool"
 DOC = ROOT / "docs" / "daemon.md"

@@ -36,10 +36,10 @@ from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import SlaError, parse_sla
 from autotuner.testing.standin import StandinConfig, StandinServer
 
-from .test_loadgen import plan as load_plan
+from tests.unit.measure.test_loadgen import plan as load_plan
 from .test_memory import gpu_profile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GIB = 2**30
 SLA_BASE = {
     "model": {"synth": "tiny-llama"},

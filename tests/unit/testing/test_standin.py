@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.testing.standin import StandinConfig, StandinServer, main
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 FAST = StandinConfig(ttft_s=0.01, itl_s=0.002)
 
 
