@@ -76,14 +76,14 @@ from autotuner.engines.process import free_port
 from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.measure.evaluate import metric_value
 from autotuner.measure.loadgen import LoadPlan, LoadResult, RequestRecord, run_load
-from autotuner.measure.workload import (
+from autotuner.models import synth
+from autotuner.workload.requests import (
     Arrival,
     LengthDist,
     PromptSource,
     RequestFactory,
     RequestSpec,
 )
-from autotuner.models import synth
 
 ARCH = "tiny-llama"
 ENGINE_PARAMS: dict[str, bool | int | float] = {

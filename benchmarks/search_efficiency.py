@@ -35,7 +35,7 @@ Methods, each over the same discrete grid (the exhaustive grid is every combinat
   runs until it stops itself (or the budget).
 * ``ours``: plain TPE, the search before: the same loop without priors, warm start, hopeless
   values or stopping rule, with ``make_sampler("auto", ...)`` (multivariate TPE, constant liar)
-  over a space from :func:`~autotuner.search.space.load_space` (GPU, 1 device, compute
+  over a space from :func:`~autotuner.space.load_space` (GPU, 1 device, compute
   capability 9.0), narrowed to the grid's values with ``ParamOverride(values=...)`` and every
   other option excluded; SQLite storage in a temporary directory.
 * ``grid``: the exhaustive grid in a fixed order: for the analytic surfaces the way vLLM's
@@ -89,7 +89,6 @@ from autotuner.records.trial import TrialRecord
 from autotuner.search.priors import SearchPlan
 from autotuner.search.progress import StudyStopper, best_launch
 from autotuner.search.rules import CrashMemory
-from autotuner.search.space import ParamOverride, SearchSpace, load_space
 from autotuner.search.stopping import StoppingRule
 from autotuner.search.study import (
     Budget,
@@ -100,6 +99,7 @@ from autotuner.search.study import (
 )
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import Sla, parse_sla
+from autotuner.space import ParamOverride, SearchSpace, load_space
 
 Params = Mapping[str, Any]
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from autotuner.bundle.report import Fallback, format_change
 from autotuner.core.types import ParamValue
+from autotuner.engines.layout import devices_used
 from autotuner.search.capability import SettingTraits
-from autotuner.search.layout import devices_used
 from autotuner.search.pareto import Candidate
 
 MEMORY_MARGIN = 0.02  # a peak this much lower or less is measurement noise

@@ -34,6 +34,7 @@ from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
 from autotuner.engines import registry
 from autotuner.engines.base import DeployRenderer
+from autotuner.engines.layout import CAPACITY_PER_GPU
 from autotuner.measure.bench import layout_of
 from autotuner.measure.kernel_profile import ProfileFailed
 from autotuner.measure.kernels import KernelBreakdown, breakdown_csv
@@ -68,15 +69,17 @@ from autotuner.search.confirm import (
     interleaved_order,
     known_zero,
     not_confirmed,
+    per_gpu_replicate,
+    per_gpu_scale,
 )
 from autotuner.search.confirm_plan import ConfirmPlan
-from autotuner.search.layout import CAPACITY_PER_GPU, per_gpu_replicate, per_gpu_scale
 from autotuner.search.pareto import Candidate, pareto_front, rank
-from autotuner.search.space import SearchSpace
 from autotuner.search.study import feasible
 from autotuner.search.tiers import GateRun
 from autotuner.search.trial import TrialResult
+from autotuner.sla.load import load_unit, sla_load
 from autotuner.sla.spec import Sla, to_yaml
+from autotuner.space import SearchSpace
 
 Say = Callable[[str], None]
 # Runs one confirmation launch: (params, run directory, claimed capacity) -> result, a narrow
@@ -265,8 +268,8 @@ def _replicates(
     """Interleaved confirmation launches, each a capacity search around the config's claim."""
     names = list(configs)
     plan = interleaved_order(names, replicates)
-    unit = _unit(ctx.sla)
-    own = _sla_load(ctx.sla)
+    unit = load_unit(ctx.sla)
+    own = sla_load(ctx.sla)
     around = {}
     for name in names:
         cap = claims.get(name)
@@ -330,16 +333,6 @@ def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
         },
         run_dir=run_dir,
     )
-
-
-def _sla_load(sla: Sla) -> float:
-    a = sla.workload.arrival
-    value = getattr(a, "rate", None) or getattr(a, "concurrency", None) or 1
-    return float(value)
-
-
-def _unit(sla: Sla) -> str:
-    return "req/s" if hasattr(sla.workload.arrival, "rate") else "concurrent requests"
 
 
 def promote(
@@ -545,7 +538,7 @@ def _manifest(
             search=_search(chosen, trial, search_capacity(ctx, chosen.trial)),
             confirmation=Confirmation(
                 load=_confirmed_load(reps, chosen),
-                load_unit=_unit(sla),
+                load_unit=load_unit(sla),
                 spread={name: _spread(reps, name) for name in measured},
                 replicates=[ReplicateRecord.model_validate(r.__dict__) for r in reps],
             ),
@@ -846,7 +839,7 @@ def write_bundle(
     fallbacks = _fallbacks(ctx, chosen, ranked, base, figures)
     traits = lossy_tier.traits(ctx)
     needs = fallback_roles.hardware_notes(
-        chosen.params, fallbacks, traits, ctx.hardware.device, _unit(sla)
+        chosen.params, fallbacks, traits, ctx.hardware.device, load_unit(sla)
     )
     (tmp / "fallback_plan.md").write_text(
         report.fallback_plan_md(
@@ -864,7 +857,7 @@ def write_bundle(
         )
     )
     if manifest.lossy_tier is not None:
-        md = lossy_tier.lossy_tier_md(sla.name, manifest.lossy_tier, _unit(sla))
+        md = lossy_tier.lossy_tier_md(sla.name, manifest.lossy_tier, load_unit(sla))
         (tmp / "lossy_tier.md").write_text(md)
     _write_deploy(ctx, tmp / "deploy", chosen)
     _swap(tmp, final)

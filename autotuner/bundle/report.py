@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import TYPE_CHECKING, Literal
 
-from autotuner.bundle.deploy import argv_lines, format_command
+from autotuner.engines.deploy import argv_lines, format_command
 
 if TYPE_CHECKING:
     from autotuner.measure.kernels import KernelBreakdown

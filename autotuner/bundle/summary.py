@@ -15,10 +15,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.bundle.cache_report import cache_lines
 from autotuner.core.errors import AutotunerError
+from autotuner.engines.layout import devices_used
 from autotuner.records.manifest import DecisionRecord, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import placement
-from autotuner.search.layout import devices_used
 from autotuner.search.progress import defaults_line
 from autotuner.search.study import feasible
 

@@ -76,10 +76,10 @@ def layout_lines(sla: Sla, assume_gpu: str | None, engine_version: str | None) -
     Raises BadInput when the plan cannot be made (unknown GPU model, no engine, bad space)."""
     from autotuner.core import hardware
     from autotuner.engines import envs, registry
+    from autotuner.engines.layout import resolve_mode
     from autotuner.models import synth
     from autotuner.search import layout_plan
-    from autotuner.search.layout import resolve_mode
-    from autotuner.search.space import SpaceError, load_space_for
+    from autotuner.space import SpaceError, load_space_for
 
     adapter = registry.get(sla.engine.kind)
     if assume_gpu is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from autotuner.core.errors import BadInput, Interrupted
 from autotuner.core.procs import sigterm_as_interrupt
-from autotuner.measure.regress import compare_engines
+from autotuner.search.regress import compare_engines
 
 
 def _say(msg: str) -> None:

@@ -15,7 +15,7 @@ import optuna
 
 from autotuner.core.errors import BadInput, Interrupted
 from autotuner.core.procs import sigterm_as_interrupt
-from autotuner.search.tune import tune
+from autotuner.pipeline.tune import tune
 from autotuner.sla.spec import Sla, load_sla
 
 

@@ -27,13 +27,12 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import psutil
 
 from autotuner.core.errors import BadInput
 from autotuner.core.paths import atomic_write_text
-from autotuner.sla.spec import Target
 
 __all__ = [
     "CSV_COLUMNS",
@@ -50,6 +49,17 @@ NA = "N/A"
 
 # The ISA flags that decide engine features (FP8 KV cache and AMX kernels on the CPU engine).
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "asimd", "sve")
+
+
+class DeviceTarget(Protocol):
+    """Where an engine runs, as the SLA's ``target`` gives it: ``kind`` "cpu" or "gpu" and the
+    GPU indices or UUIDs (empty for CPU)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def devices(self) -> list[str]: ...
 
 
 class HardwareError(BadInput, RuntimeError):
@@ -422,7 +432,7 @@ def _import_nvml() -> Any:
     return pynvml
 
 
-def probe(target: Target, *, nvml: Any = None) -> HardwareProfile:
+def probe(target: DeviceTarget, *, nvml: Any = None) -> HardwareProfile:
     """Profile ``target``: its GPUs via NVML (``nvml``: the ``pynvml`` module or a stand-in),
     or the CPU for a cpu target. Raises :class:`HardwareError` when a GPU can't be reached."""
     cpu = probe_cpu()

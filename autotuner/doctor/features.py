@@ -21,9 +21,9 @@ from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
 from autotuner.engines import registry
 from autotuner.records.doctor import Finding
-from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
 from autotuner.sla.allowed import option_rules
 from autotuner.sla.spec import Sla
+from autotuner.space import ParamOverride, SearchSpace, SpaceError, load_space_for
 
 # Attention backends a GPU needs a compute capability range for: (lowest, below this or None).
 # From the backends' own support checks (FlashAttention 2: Ampere+; FlashAttention 3 and

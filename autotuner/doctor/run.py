@@ -22,8 +22,8 @@ from autotuner.doctor.gpu_findings import gpu_findings
 from autotuner.doctor.torchprobe import PROBE_TIMEOUT_S, probe_torch
 from autotuner.engines import envs, registry
 from autotuner.records.doctor import DoctorReport, Finding, exit_code_of
-from autotuner.search.space import SearchSpace
 from autotuner.sla.spec import Sla
+from autotuner.space import SearchSpace
 
 __all__ = ["diagnose"]
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import psutil
 
     from autotuner.core.hardware import HardwareProfile
-    from autotuner.search.memory import MemoryEstimate
+    from autotuner.engines.memory import MemoryEstimate
 
 
 class LaunchCause(StrEnum):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotuner.engines.base import Endpoint, EngineProcess, LaunchSpec
-from autotuner.search.layout import Layout
+from autotuner.engines.layout import Layout
 
 if TYPE_CHECKING:
     import psutil

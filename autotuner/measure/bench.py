@@ -20,22 +20,22 @@ from autotuner import __version__
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
+from autotuner.engines.layout import Layout, resolve_mode
 from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs, usable_cpus
 from autotuner.measure.conversations import synthetic_traffic
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
 from autotuner.measure.monitor import Monitor
-from autotuner.measure.replay import replay_of, trace_deadline, trace_requests
-from autotuner.measure.workload import (
+from autotuner.models import synth
+from autotuner.records.bench import BenchResult, VerdictRecord
+from autotuner.sla.spec import Sla, context_limit
+from autotuner.workload.replay import replay_of, trace_deadline, trace_requests
+from autotuner.workload.requests import (
     Arrival,
     LengthDist,
     PromptSource,
     RequestFactory,
 )
-from autotuner.models import synth
-from autotuner.records.bench import BenchResult, VerdictRecord
-from autotuner.search.layout import Layout, resolve_mode
-from autotuner.sla.spec import Sla, context_limit
 
 Say = Callable[[str], None]
 

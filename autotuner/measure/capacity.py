@@ -30,7 +30,8 @@ not measurable).
    estimate exists (a margin missing, or margins not increasing with the rate), when two
    chord-only probes in a row moved the same edge (the classic stall of false position on a
    curved function), and when three probes have not halved the bracket.
-   Noise-free synthetic curves from 10 req/s with ``step`` 1.5 (tests/unit/measure/test_capacity.py):
+   Noise-free synthetic curves from 10 req/s with ``step`` 1.5
+   (tests/unit/measure/test_capacity.py):
    after bracketing, 1-2 levels on linear margins, at most 3 on convex (queueing) and concave
    ones, 4 on a cliff; margins that carry no information (a step) cost up to 6, where
    plain bisection always needs 4.

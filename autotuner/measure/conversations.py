@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotuner.measure.synthetic import SharedPrefix, prefix_of, with_prefix
-from autotuner.measure.workload import Arrival, RequestFactory, RequestSpec
+from autotuner.workload.requests import Arrival, RequestFactory, RequestSpec
 
 if TYPE_CHECKING:
     from autotuner.measure.loadgen import RequestRecord

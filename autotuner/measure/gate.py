@@ -23,8 +23,6 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import EngineLaunchError
 from autotuner.measure.bench import adapter_of, engine_params, make_engine
-from autotuner.measure.datafiles import DataFileError
-from autotuner.measure.datasets import read_dataset
 from autotuner.measure.quality import (
     DUMMY_WEIGHTS,
     Completion,
@@ -38,6 +36,8 @@ from autotuner.measure.quality import (
 from autotuner.models import synth
 from autotuner.sla.quality import QualitySpec
 from autotuner.sla.spec import Sla
+from autotuner.workload.datafiles import DataFileError
+from autotuner.workload.datasets import read_dataset
 
 Say = Callable[[str], None]
 

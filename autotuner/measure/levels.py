@@ -101,7 +101,7 @@ def resolution_notes(sla: Sla) -> tuple[list[str], list[str]]:
             f"{what}: levels send {size.requests} instead of workload.requests {w.requests}"
         )
     if w.trace is not None and w.requests is None and w.duration_s is None:
-        from autotuner.measure.traces import read_trace
+        from autotuner.workload.traces import read_trace
 
         trace = read_trace(sla.resolve_path(w.trace), w.trace_format, w.trace_block_tokens)
         if len(trace.records) < size.needed:

@@ -23,7 +23,7 @@ import numpy as np
 
 from autotuner.measure.conversations import ConversationFactory, drive
 from autotuner.measure.synthetic import prefix_of
-from autotuner.measure.workload import Api, Arrival, RequestFactory, RequestSpec
+from autotuner.workload.requests import Api, Arrival, RequestFactory, RequestSpec
 
 # Warm-up requests use their own prompts, so they cannot seed the prefix cache for the run.
 _WARMUP_INDEX_BASE = 10_000_000

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from autotuner.sla.quality import Limits
+
 Verdict = Literal["pass", "fail", "not_measurable"]
 
 DUMMY_WEIGHTS = "not measurable on dummy weights"
@@ -144,14 +146,6 @@ def compare(baseline: Sequence[Completion], candidate: Sequence[Completion]) -> 
         mean_kl=sum(kls) / len(kls) if kls else None,
         max_kl=max(kls) if kls else None,
     )
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The SLA's ``quality:`` limits (see :class:`autotuner.sla.quality.QualitySpec`)."""
-
-    min_token_agreement: float
-    max_mean_kl: float
 
 
 @dataclass(frozen=True)

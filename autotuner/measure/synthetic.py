@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from autotuner.measure.workload import PromptSource, RequestFactory, RequestSpec
+from autotuner.workload.requests import PromptSource, RequestFactory, RequestSpec
 
 # Keys of the seeded streams, apart from those of the requests themselves.
 _PICK = 0x5A1

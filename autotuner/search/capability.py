@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotuner.core.types import ParamValue
-from autotuner.search.space import _read
+from autotuner.space import _read
 
 
 @dataclass(frozen=True)

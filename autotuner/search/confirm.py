@@ -30,9 +30,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field, replace
 from statistics import fmean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotuner.core.types import ParamValue
+from autotuner.engines.layout import CAPACITY_PER_GPU, devices_used
 from autotuner.search.capacity_compare import CapacityComparison, compare_capacity
+
+if TYPE_CHECKING:
+    from autotuner.sla.spec import Sla
 
 
 @dataclass(frozen=True)
@@ -253,3 +258,22 @@ def known_zero(config: str, replicates: int, where: str) -> list[Replicate]:
         Replicate(config, r, 0.0, 0.0, None, "fixed_miss", None, False, {}, where)
         for r in range(replicates)
     ]
+
+
+def per_gpu_scale(sla: Sla, params: Mapping[str, ParamValue]) -> float:
+    """What a config's capacity is multiplied by where configs are compared: 1 / its devices
+    when the SLA's first objective is capacity per GPU, else 1."""
+    if sla.objectives[0].metric == CAPACITY_PER_GPU:
+        return 1.0 / devices_used(params)
+    return 1.0
+
+
+def per_gpu_replicate(r: Replicate, scale: float) -> Replicate:
+    """A confirmation replicate with its capacity (and bracket) times ``scale``."""
+    if scale == 1.0:
+        return r
+
+    def times(v: float | None) -> float | None:
+        return None if v is None else v * scale
+
+    return replace(r, capacity=times(r.capacity), low=times(r.low), high=times(r.high))

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Protocol
 
 from autotuner.core.types import ParamValue
-from autotuner.search.layout import devices_used
+from autotuner.engines.layout import devices_used
 from autotuner.search.trial import TrialResult
 
 RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
 
 
 class Executor(Protocol):
-    """Runs trials for the study loop. The contract, which tests/unit/search/test_executor_contract.py
-    checks for every executor:
+    """Runs trials for the study loop. The contract, which
+    tests/unit/search/test_executor_contract.py checks for every executor:
 
     - ``capacity()`` is at least 1; the loop keeps at most that many trials in flight.
     - ``submit`` returns a handle that is hashable and new for every submission (the same

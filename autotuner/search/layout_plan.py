@@ -19,10 +19,11 @@ from typing import Any
 
 from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
 from autotuner.core.types import ParamValue
+from autotuner.engines import registry
 from autotuner.engines.base import EngineAdapter
+from autotuner.engines.layout import DP, TP, Layout
 from autotuner.search import rules
-from autotuner.search.layout import DP, TP, Layout
-from autotuner.search.space import SearchSpace
+from autotuner.space import SearchSpace
 
 GIB = 2**30
 
@@ -80,8 +81,6 @@ def plan(
     memory_limit_gib: float | None = None,
 ) -> list[LayoutVerdict]:
     """Every candidate layout with its verdict, the smallest first (module docstring)."""
-    from autotuner.search.tune import memory_limit_reason  # the study's own pre-launch check
-
     top = max(hardware.gpu_count, 1)
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= 2 * top]
     tps, dps = _searched(space, TP), _searched(space, DP)
@@ -119,3 +118,25 @@ def plan(
         )
         out.append(LayoutVerdict(layout, True, why, is_base, unit))
     return sorted(out, key=lambda v: (v.layout.devices, v.layout.tp))
+
+
+def memory_limit_reason(
+    params: Mapping[str, ParamValue],
+    hw: HardwareProfile,
+    limit_gib: float | None,
+    engine: EngineAdapter | None = None,
+) -> str | None:
+    """The SLA's memory limit as a hard constraint before launch: a GPU engine claims its
+    memory pool up front (the adapter's ``memory_claim``), so that claim decides.
+    ``engine`` None: the default engine kind's adapter."""
+    if limit_gib is None:
+        return None
+    claim = (engine or registry.default()).memory_claim(params, hw)
+    if claim is None:
+        return None
+    if claim.gib > limit_gib:
+        return (
+            f"would take {claim.gib:.1f} GiB ({claim.how}) "
+            f"> the SLA's max_gpu_memory_gib {limit_gib:g}"
+        )
+    return None

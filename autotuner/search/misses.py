@@ -34,8 +34,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.core.types import ParamValue as AnyValue
 from autotuner.records.trial import TrialRecord
-from autotuner.search.space import Monotone, ParamValue, SearchSpace
 from autotuner.search.trial import TrialResult
+from autotuner.space import Monotone, ParamValue, SearchSpace
 
 __all__ = ["EngineDefaults", "Miss", "MissBook", "follows_from", "taught"]
 

@@ -31,8 +31,8 @@ import optuna
 
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import MissBook
-from autotuner.search.space import ParamSpec, ParamValue, SearchSpace
 from autotuner.search.study import counted, feasible
+from autotuner.space import ParamSpec, ParamValue, SearchSpace
 
 __all__ = ["NEAR_STEPS", "Nearest", "distance", "nearest_feasible", "steps"]
 

@@ -2,8 +2,8 @@
 
 The search-space file gives each parameter a ``prior`` (where to look first) and
 ``hopeless_when`` conditions (values not worth a launch for some SLAs, each with its ``why``);
-:mod:`autotuner.search.space` resolves them into :class:`~autotuner.search.space.Prior` and
-:class:`~autotuner.search.space.Hopeless`. This module evaluates them, knowing nothing of any
+:mod:`autotuner.space` resolves them into :class:`~autotuner.space.Prior` and
+:class:`~autotuner.space.Hopeless`. This module evaluates them, knowing nothing of any
 engine: what a condition means is the file's business, how it is decided is this module's.
 
 * :class:`Situation`: what conditions are decided against -- the target device, the SLA's
@@ -43,10 +43,10 @@ from autotuner.search.progress import (
     incumbent,
     is_candidate_from_sampler,
 )
-from autotuner.search.space import Hopeless, ParamSpec, ParamValue, SearchSpace
 from autotuner.search.stopping import StoppingRule
 from autotuner.search.study import config_key, counted
 from autotuner.search.trial import TrialResult
+from autotuner.space import Hopeless, ParamSpec, ParamValue, SearchSpace
 
 if TYPE_CHECKING:
     from autotuner.sla.spec import Sla

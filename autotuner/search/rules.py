@@ -21,7 +21,7 @@ from typing import Any
 from autotuner.core.hardware import HardwareProfile
 from autotuner.engines import registry
 from autotuner.engines.base import CrashTraits, EngineAdapter, LaunchCause
-from autotuner.search.memory import parse_token_count
+from autotuner.engines.memory import parse_token_count
 
 __all__ = [
     "Crash",

@@ -32,7 +32,7 @@ from autotuner.core.types import ParamValue
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
 from autotuner.search.lock import current_owner, owner_state
-from autotuner.search.space import ParamValue as GridValue
+from autotuner.space import ParamValue as GridValue
 from autotuner.search.storage import create_or_load
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import Sla

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess
+from autotuner.engines.layout import CAPACITY_PER_GPU, devices_used
 from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
 from autotuner.measure.cache import cache_note
 from autotuner.measure.capacity import Capacity, CapacitySearch
@@ -44,10 +45,9 @@ from autotuner.measure.monitor import Monitor
 from autotuner.measure.pacing import describe as describe_pacing
 from autotuner.measure.quantile import Outcome
 from autotuner.measure.sustained import describe as describe_sustained
-from autotuner.measure.workload import Arrival
 from autotuner.records.trial import CapacityRecord, TrialFile, legacy_capacity
-from autotuner.search.layout import CAPACITY_PER_GPU, devices_used
 from autotuner.sla.spec import Sla
+from autotuner.workload.requests import Arrival
 
 Say = Callable[[str], None]
 Status = Literal["complete", "stopped_early", "failed"]

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from autotuner.core.options import OptionRule
 from autotuner.engines import registry
-from autotuner.search.space import DeclaredOptions, SearchSpec, SpaceError, newest_declarations
+from autotuner.space import DeclaredOptions, SearchSpec, SpaceError, newest_declarations
 
 Problems = list[tuple[str, tuple[str | int, ...]]]
 

@@ -3,9 +3,17 @@ before it is promoted (:mod:`autotuner.measure.quality` measures against them)."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotuner.measure.quality import Limits
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits as plain numbers, what :mod:`autotuner.measure.quality` judges against."""
+
+    min_token_agreement: float
+    max_mean_kl: float
 
 
 class QualitySpec(BaseModel):

@@ -41,10 +41,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from autotuner.core.errors import BadInput
+from autotuner.core.yamlpos import KeyPath, Located, load_located
 from autotuner.engines import registry
-from autotuner.search.space import SearchSpec
 from autotuner.sla.quality import QualitySpec
-from autotuner.sla.yamlpos import KeyPath, Located, load_located
+from autotuner.space import SearchSpec
 
 # --------------------------------------------------------------------------- metric names
 
@@ -1204,7 +1204,7 @@ def _missing_files(sla: Sla, located: Located) -> list[Problem]:
                 Problem(located.line_of(where), "model.path", f"no config.json in {model_dir}")
             )
     if sla.workload.dataset is not None or sla.workload.trace is not None:
-        from autotuner.measure.replay import file_problems
+        from autotuner.workload.replay import file_problems
 
         for at, msg in file_problems(sla.workload, sla.resolve_path, _context_limit(sla)):
             problems.append(Problem(located.line_of(at), _dotted(at), msg))

@@ -23,8 +23,8 @@ from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.measure.bench import build_plan
 from autotuner.measure.evaluate import evaluate
 from autotuner.measure.loadgen import LoadPlan, Progress, run_load
-from autotuner.measure.workload import Arrival, LengthDist, PromptSource, RequestFactory
 from autotuner.sla.spec import load_sla
+from autotuner.workload.requests import Arrival, LengthDist, PromptSource, RequestFactory
 
 from .conftest import TAG_VAR, SlaWriter, assert_no_leftovers, run_cli, tagged_processes, wait_until
 

@@ -19,9 +19,9 @@ from autotuner.engines.vllm.metrics import METRICS
 from autotuner.measure.bench import build_plan
 from autotuner.measure.loadgen import LoadPlan, LoadResult, run_load
 from autotuner.measure.monitor import Monitor
-from autotuner.measure.traces import TraceRecord, read_trace
-from autotuner.measure.workload import Arrival
 from autotuner.sla.spec import Sla, load_sla
+from autotuner.workload.requests import Arrival
+from autotuner.workload.traces import TraceRecord, read_trace
 
 from .conftest import assert_no_leftovers, cpu_sla, run_cli, tiny_engine
 

@@ -22,6 +22,7 @@ from autotuner.engines.base import (
     MemoryClaim,
     ProfilerSetup,
 )
+from autotuner.engines.memory import MemoryEstimate
 from autotuner.engines.vllm import defaults as _defaults
 from autotuner.engines.vllm import flags, logs, memory, rules
 from autotuner.engines.vllm import options as _options
@@ -29,7 +30,6 @@ from autotuner.engines.vllm import profiler as _profiler
 from autotuner.engines.vllm.deploy import VllmDeploy
 from autotuner.engines.vllm.launcher import PYTHON_VAR, SERVER_MODULE, VllmEngine
 from autotuner.engines.vllm.metrics import METRICS
-from autotuner.search.memory import MemoryEstimate
 
 
 def _device_of(distribution: str, version: str) -> Device:

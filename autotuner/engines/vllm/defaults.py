@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import Params, ParamValue
-from autotuner.search.memory import GIB, parse_token_count
+from autotuner.engines.memory import GIB, parse_token_count
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default since ~0.2x (0.9 before)
 GPU_BLOCK_SIZE = 16  # tokens per KV block for most GPU attention backends

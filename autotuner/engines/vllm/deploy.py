@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from autotuner.bundle.deploy import argv_lines, bash_script
 from autotuner.core.types import ParamValue
+from autotuner.engines.deploy import argv_lines, bash_script
 from autotuner.engines.vllm.flags import params_to_args
 from autotuner.engines.vllm.launcher import SERVER_MODULE
 

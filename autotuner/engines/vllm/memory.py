@@ -33,13 +33,7 @@ from typing import Any
 
 from autotuner.core.hardware import HardwareProfile
 from autotuner.engines.base import MemoryClaim
-from autotuner.engines.vllm.defaults import (
-    CPU_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    GPU_BLOCK_SIZE,
-    engine_batch_defaults,
-)
-from autotuner.search.memory import (
+from autotuner.engines.memory import (
     GIB,
     MemoryEstimate,
     ModelShape,
@@ -47,6 +41,12 @@ from autotuner.search.memory import (
     model_max_len,
     parse_token_count,
     weights_bytes,
+)
+from autotuner.engines.vllm.defaults import (
+    CPU_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GPU_BLOCK_SIZE,
+    engine_batch_defaults,
 )
 
 __all__ = [

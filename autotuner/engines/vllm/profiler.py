@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from autotuner.engines.base import ProfilerSetup
-from autotuner.search.space import parse_version
+from autotuner.space import parse_version
 
 CONFIG_FLAG_SINCE = (0, 13)
 # `ignore_frontend` (no trace of the API server's own CPU work) is in every release checked

@@ -29,11 +29,11 @@ from typing import Any
 
 from autotuner.core.hardware import HardwareProfile
 from autotuner.engines.base import CrashTraits
+from autotuner.engines.layout import Layout
+from autotuner.engines.memory import ModelShape, model_max_len, parse_token_count
 from autotuner.engines.vllm.defaults import engine_batch_defaults
 from autotuner.engines.vllm.logs import KV_STARVED
 from autotuner.engines.vllm.memory import estimate
-from autotuner.search.layout import Layout
-from autotuner.search.memory import ModelShape, model_max_len, parse_token_count
 
 __all__ = ["CRASH_TRAITS", "RULES", "check"]
 

@@ -10,7 +10,7 @@ from autotuner.bundle.fallback_roles import Pick, hardware_notes, pick
 from autotuner.bundle.report import Fallback
 from autotuner.search.capability import SettingTraits, traits_of
 from autotuner.search.pareto import Candidate
-from autotuner.search.space import spaces_dir
+from autotuner.space import spaces_dir
 
 TRAITS = traits_of(spaces_dir() / "vllm.yaml")
 

@@ -14,8 +14,8 @@ from autotuner.bundle.promote import promote
 from autotuner.core.types import ParamValue
 from autotuner.measure.kernel_profile import ProfileFailed
 from autotuner.measure.kernels import ALL, KernelBreakdown, aggregate
-
 from tests.unit.measure.test_kernels import cpu_trace
+
 from .test_promote import DEFAULT_SEQS, Scenario, _study
 
 

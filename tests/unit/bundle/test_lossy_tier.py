@@ -23,11 +23,11 @@ from autotuner.records.trial import CapacityRecord
 from autotuner.search import rerun
 from autotuner.search.confirm import Decision
 from autotuner.search.pareto import Candidate
-from autotuner.search.space import ParamSpec, SearchSpace, spaces_dir
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.tiers import gain, gate_due, settle, split
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla
+from autotuner.space import ParamSpec, SearchSpace, spaces_dir
 
 SLA = """
 name: lossy-unit

@@ -25,10 +25,10 @@ from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import CapacityRecord
-from autotuner.search.space import ParamSpec, SearchSpace
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla
+from autotuner.space import ParamSpec, SearchSpace
 
 SLA = """
 name: promote-unit

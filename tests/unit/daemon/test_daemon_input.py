@@ -360,8 +360,8 @@ def test_api_sla_storage_and_paths_are_confined(daemon: Daemon, tmp_path: Path) 
 def test_spool_sla_paths_outside_the_roots_are_never_read(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import autotuner.measure.replay as replay
-    import autotuner.measure.workload as workload
+    import autotuner.workload.replay as replay
+    import autotuner.workload.requests as workload
 
     def never(*a: Any, **k: Any) -> Any:
         raise AssertionError("a dataset outside the allowed paths was read")

@@ -27,10 +27,10 @@ from autotuner.engines.base import (
     LaunchSpec,
     MetricNames,
 )
+from autotuner.engines.memory import MemoryEstimate
 from autotuner.models import synth
-from autotuner.search.memory import MemoryEstimate
-from autotuner.search.space import spaces_dir
 from autotuner.sla.spec import SlaError, parse_sla
+from autotuner.space import spaces_dir
 
 ADAPTERS = registry.adapters()
 KINDS = [a.kind for a in ADAPTERS]

@@ -21,22 +21,22 @@ from autotuner.engines.base import (
     LaunchCause,
     LaunchSpec,
 )
+from autotuner.engines.layout import Layout, resolve_mode
 from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs
 from autotuner.measure.loadgen import run_load
 from autotuner.models import synth
 from autotuner.records.trial import CapacityRecord
 from autotuner.search import rules
-from autotuner.search.confirm import Replicate
+from autotuner.search.confirm import Replicate, per_gpu_replicate, per_gpu_scale
 from autotuner.search.executors import gpus_needed
-from autotuner.search.layout import Layout, per_gpu_replicate, per_gpu_scale, resolve_mode
 from autotuner.search.layout_plan import assumed_gpus, plan
 from autotuner.search.pareto import Candidate
-from autotuner.search.space import load_space_for
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import SlaError, parse_sla
+from autotuner.space import load_space_for
 from autotuner.testing.standin import StandinConfig, StandinServer
-
 from tests.unit.measure.test_loadgen import plan as load_plan
+
 from .test_memory import gpu_profile
 
 ROOT = Path(__file__).resolve().parents[3]

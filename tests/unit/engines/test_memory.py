@@ -7,16 +7,16 @@ from typing import Any
 import pytest
 
 from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
-from autotuner.engines.vllm.defaults import engine_batch_defaults
-from autotuner.engines.vllm.memory import CUDA_GRAPH_BYTES, estimate
-from autotuner.models import synth
-from autotuner.search.memory import (
+from autotuner.engines.memory import (
     GIB,
     ModelShape,
     kv_bytes_per_token,
     parse_token_count,
     weights_bytes,
 )
+from autotuner.engines.vllm.defaults import engine_batch_defaults
+from autotuner.engines.vllm.memory import CUDA_GRAPH_BYTES, estimate
+from autotuner.models import synth
 
 H200_NVML_TOTAL = 150_754_820_096  # 143,771 MiB (NVML on a real H200)
 H200_CUDA_TOTAL = 150_109_880_320  # torch.cuda.mem_get_info() on the same GPU: 139.80 GiB

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
-from autotuner.measure.workload import Arrival, LengthDist, PromptSource, RequestFactory
 from autotuner.testing.standin import StandinConfig, StandinServer
+from autotuner.workload.requests import Arrival, LengthDist, PromptSource, RequestFactory
 
 
 def plan(

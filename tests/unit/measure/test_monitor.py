@@ -12,8 +12,8 @@ import pytest
 
 from autotuner.measure.loadgen import LoadPlan, run_load
 from autotuner.measure.monitor import GpuMemory, Monitor, engine_summary, parse_metrics
-from autotuner.measure.workload import Arrival, LengthDist, PromptSource, RequestFactory
 from autotuner.testing.standin import StandinConfig, StandinServer
+from autotuner.workload.requests import Arrival, LengthDist, PromptSource, RequestFactory
 
 TEXT = """
 # HELP vllm:num_preemptions_total Preemptions.

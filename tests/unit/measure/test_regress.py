@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotuner.measure.regress import Sample, decide, run_replicates
+from autotuner.search.regress import Sample, decide, run_replicates
 
 
 def _samples(

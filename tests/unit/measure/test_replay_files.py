@@ -10,15 +10,15 @@ import pytest
 
 from autotuner.cli.check import check_main
 from autotuner.cli.main import main
-from autotuner.measure import datafiles
 from autotuner.measure.bench import build_plan
-from autotuner.measure.datafiles import DataFileError
-from autotuner.measure.datasets import DatasetReplay, prepare, read_dataset
-from autotuner.measure.replay import trace_deadline
-from autotuner.measure.traces import TraceReplay, read_trace
-from autotuner.measure.workload import Arrival, LengthDist, PromptSource
 from autotuner.models import synth
 from autotuner.sla.spec import SlaError, load_sla, parse_sla
+from autotuner.workload import datafiles
+from autotuner.workload.datafiles import DataFileError
+from autotuner.workload.datasets import DatasetReplay, prepare, read_dataset
+from autotuner.workload.replay import trace_deadline
+from autotuner.workload.requests import Arrival, LengthDist, PromptSource
+from autotuner.workload.traces import TraceReplay, read_trace
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "objectives" / "examples"

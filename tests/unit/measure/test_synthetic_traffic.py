@@ -22,15 +22,15 @@ from autotuner.measure.conversations import ConversationFactory, drive
 from autotuner.measure.loadgen import LoadPlan, RequestRecord, run_load
 from autotuner.measure.monitor import engine_summary
 from autotuner.measure.synthetic import SharedPrefix, with_prefix
-from autotuner.measure.workload import (
+from autotuner.records.trial import TrialRecord
+from autotuner.testing.standin import StandinConfig, StandinServer
+from autotuner.workload.requests import (
     Arrival,
     LengthDist,
     PromptSource,
     RequestFactory,
     RequestSpec,
 )
-from autotuner.records.trial import TrialRecord
-from autotuner.testing.standin import StandinConfig, StandinServer
 
 SOURCE = PromptSource(vocab_size=5000, words=("alpha", "beta", "gamma", "delta"))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotuner.measure.workload import (
+from autotuner.workload.requests import (
     Arrival,
     LengthDist,
     PromptSource,

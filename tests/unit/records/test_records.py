@@ -22,7 +22,6 @@ from autotuner.bundle.promote import promote
 from autotuner.bundle.summary import render
 from autotuner.daemon import jobs
 from autotuner.engines import envs
-from autotuner.measure import regress
 from autotuner.measure.bench import BenchOutcome
 from autotuner.measure.evaluate import Evaluation, Verdict
 from autotuner.measure.loadgen import LoadResult
@@ -36,7 +35,7 @@ from autotuner.records.engines import EngineRegistry
 from autotuner.records.manifest import Manifest
 from autotuner.records.synth import SynthMarker
 from autotuner.records.trial import StudyRecord, TrialFile, TrialRecord
-from autotuner.search import placement
+from autotuner.search import placement, regress
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla

@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.bundle.summary import render
-from autotuner.search.space import ParamOverride, SearchSpace, load_space
+from autotuner.pipeline.tune import grid_space
 from autotuner.search.study import (
     Budget,
     StudyRunner,
@@ -25,8 +25,8 @@ from autotuner.search.study import (
     storage_url,
 )
 from autotuner.search.trial import Level, TrialResult
-from autotuner.search.tune import grid_space
 from autotuner.sla.spec import SlaError, parse_sla
+from autotuner.space import ParamOverride, SearchSpace, load_space
 
 SLA = """
 name: grid-unit

@@ -21,10 +21,10 @@ from optuna.trial import TrialState
 from autotuner.bundle.summary import render
 from autotuner.search.misses import Miss, MissBook, follows_from, taught
 from autotuner.search.priors import SearchPlan
-from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla
+from autotuner.space import ParamOverride, SearchSpace, SpaceError, load_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

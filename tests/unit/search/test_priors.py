@@ -37,7 +37,6 @@ from autotuner.search.progress import (
     defaults_line,
     launch_history,
 )
-from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space
 from autotuner.search.stopping import StoppingRule
 from autotuner.search.study import (
     Budget,
@@ -49,6 +48,7 @@ from autotuner.search.study import (
 )
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import Sla, TuneSpec, parse_sla
+from autotuner.space import ParamOverride, SearchSpace, SpaceError, load_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -558,8 +558,8 @@ def test_the_warm_start_builds_on_a_memory_fix_when_the_defaults_break_the_limit
     tmp_path: Path,
 ) -> None:
     from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
+    from autotuner.pipeline.tune import memory_limit_reason
     from autotuner.search.priors import memory_fix
-    from autotuner.search.tune import memory_limit_reason
 
     # An H200 (140.4 GiB) under a 130 GiB limit: vLLM's default 0.92 claims ~132 GiB.
     h200 = GpuInfo(0, "GPU-x", "NVIDIA H200", (9, 0), 143771 * 2**20)

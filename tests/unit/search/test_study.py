@@ -182,7 +182,7 @@ def test_a_study_is_not_reused_for_another_engine(tmp_path: Path) -> None:
 
 def test_memory_limit_is_a_hard_constraint_before_launch() -> None:
     from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
-    from autotuner.search.tune import memory_limit_reason
+    from autotuner.pipeline.tune import memory_limit_reason
 
     gpu = GpuInfo(0, "GPU-x", "H200", (9, 0), 150 * 2**30)
     cpu = CpuInfo("x", 2, 2, 2**34, 2**33)

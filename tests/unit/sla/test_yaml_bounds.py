@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from autotuner.cli.main import main
+from autotuner.core.yamlpos import MAX_NODES, YamlTooLarge, check_bounds, load_located
 from autotuner.sla.spec import SlaError, parse_sla
-from autotuner.sla.yamlpos import MAX_NODES, YamlTooLarge, check_bounds, load_located
 
 
 def _alias_bomb(levels: int, width: int = 9) -> str:

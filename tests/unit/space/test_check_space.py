@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotuner.cli.main import main
-from autotuner.search.space import (
+from autotuner.space import (
     ParamOverride,
     SpaceError,
     load_space,

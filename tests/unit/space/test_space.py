@@ -10,7 +10,7 @@ import optuna
 import pytest
 from pydantic import ValidationError
 
-from autotuner.search.space import (
+from autotuner.space import (
     ParamOverride,
     SearchSpace,
     SearchSpec,

@@ -29,8 +29,8 @@ from autotuner.core import hardware
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.engines import envs
 from autotuner.models.synth import ARCHS
+from autotuner.pipeline import tune as tune_module
 from autotuner.records.owner import ProcessOwner
-from autotuner.search import tune as tune_module
 from autotuner.search.lock import LOCK_NAME, StudyBusy, current_owner, study_lock
 from autotuner.search.storage import StudyDamaged
 from autotuner.search.study import fail_stale, open_study, storage_url

@@ -182,8 +182,8 @@ _GENERIC_WORDS = [
 
 
 class Replay(Protocol):
-    """Requests read from a file (a dataset, a trace: :mod:`autotuner.measure.datasets`,
-    :mod:`autotuner.measure.traces`) instead of drawn from distributions."""
+    """Requests read from a file (a dataset, a trace: :mod:`autotuner.workload.datasets`,
+    :mod:`autotuner.workload.traces`) instead of drawn from distributions."""
 
     def make(self, i: int, first_index: int, output_len: LengthDist) -> RequestSpec: ...
 

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from autotuner.core.errors import BadInput
 from autotuner.core.options import OptionRule
-from autotuner.sla.yamlpos import KeyPath, load_located
+from autotuner.core.yamlpos import KeyPath, load_located
 
 if TYPE_CHECKING:
     import optuna
@@ -231,7 +231,7 @@ class SearchSpec(BaseModel):
     allow_lossy: bool = False
     # How data_parallel_size runs: the engine's own flag, N engine servers on disjoint
     # devices (replicas), or auto: the flag where the engine version has it
-    # (autotuner.search.layout).
+    # (autotuner.engines.layout).
     data_parallel: Literal["auto", "engine", "replicas"] = "auto"
     params: dict[str, ParamOverride] = Field(default_factory=dict)
     # Values of searched parameters for the baseline launch, which otherwise leaves every

@@ -16,16 +16,11 @@ decides once (:func:`resolve_mode`) and every launch of the study uses that way,
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from autotuner.core.types import ParamValue
-
-if TYPE_CHECKING:
-    from autotuner.search.confirm import Replicate
-    from autotuner.sla.spec import Sla
 
 Mode = Literal["engine", "replicas"]
 Choice = Literal["auto", "engine", "replicas"]
@@ -111,22 +106,3 @@ def devices_used(params: Mapping[str, ParamValue]) -> int:
     """Devices a config takes (tensor x pipeline x data parallel): what capacity per GPU
     divides by. On a CPU target this counts engine ranks."""
     return Layout.of(params).devices
-
-
-def per_gpu_scale(sla: Sla, params: Mapping[str, ParamValue]) -> float:
-    """What a config's capacity is multiplied by where configs are compared: 1 / its devices
-    when the SLA's first objective is capacity per GPU, else 1."""
-    if sla.objectives[0].metric == CAPACITY_PER_GPU:
-        return 1.0 / devices_used(params)
-    return 1.0
-
-
-def per_gpu_replicate(r: Replicate, scale: float) -> Replicate:
-    """A confirmation replicate with its capacity (and bracket) times ``scale``."""
-    if scale == 1.0:
-        return r
-
-    def times(v: float | None) -> float | None:
-        return None if v is None else v * scale
-
-    return dataclasses.replace(r, capacity=times(r.capacity), low=times(r.low), high=times(r.high))

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotuner.measure.datafiles import DataFileError
-from autotuner.measure.datasets import DatasetReplay, prepare, read_dataset
-from autotuner.measure.traces import TraceReplay, read_trace
-from autotuner.measure.workload import PromptSource, Replay
+from autotuner.workload.datafiles import DataFileError
+from autotuner.workload.datasets import DatasetReplay, prepare, read_dataset
+from autotuner.workload.requests import PromptSource, Replay
+from autotuner.workload.traces import TraceReplay, read_trace
 
 DEFAULT_OUTPUT_TOKENS = 128  # as DEFAULT_DATASET_OUTPUT_TOKENS in autotuner.sla.spec
 

@@ -284,14 +284,14 @@ def compare_engines(
     say: Say,
 ) -> dict[str, Any]:
     """Run the check and write ``result.json`` into ``work_dir``. Returns that result."""
-    from autotuner.bundle.promote import _sla_load
     from autotuner.measure.bench import resolve_model
     from autotuner.search.trial import SearchSettings, run_trial
+    from autotuner.sla.load import sla_load
     from autotuner.sla.spec import load_sla
 
     sla = load_sla(sla_path)
     params, load, label = _promoted(bundle)
-    load = load or _sla_load(sla)
+    load = load or sla_load(sla)
     pythons = {"old": envs.get(old).python, "new": envs.get(new).python}
     versions = {k: envs.probe_version(p) for k, p in pythons.items()}
     model_dir = resolve_model(sla, say)

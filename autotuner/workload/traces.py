@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from autotuner.measure.datafiles import DataFileError, count, jsonl_records, lines, shown
-from autotuner.measure.workload import Api, LengthDist, PromptSource, RequestSpec
+from autotuner.workload.datafiles import DataFileError, count, jsonl_records, lines, shown
+from autotuner.workload.requests import Api, LengthDist, PromptSource, RequestSpec
 
 TraceFormat = Literal["azure", "mooncake"]
 FORMATS: tuple[TraceFormat, ...] = ("azure", "mooncake")

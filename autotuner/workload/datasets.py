@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from autotuner.measure.datafiles import (
+from autotuner.workload.datafiles import (
     MAX_RECORDS,
     DataFileError,
     count,
@@ -38,7 +38,7 @@ from autotuner.measure.datafiles import (
     jsonl_records,
     shown,
 )
-from autotuner.measure.workload import Api, LengthDist, RequestSpec
+from autotuner.workload.requests import Api, LengthDist, RequestSpec
 
 DatasetFormat = Literal["prompts", "openai-chat", "sharegpt"]
 FORMATS: tuple[DatasetFormat, ...] = ("prompts", "openai-chat", "sharegpt")

@@ -37,11 +37,10 @@ from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
 from autotuner.search import rerun, rules
 from autotuner.search.capacity_compare import two_pair_warning
+from autotuner.search.layout_plan import memory_limit_reason
 from autotuner.search.lock import study_lock
 from autotuner.search.priors import memory_fix, sampler_startup, strategy_for
 from autotuner.search.progress import defaults_line
-from autotuner.search.space import ParamOverride, SearchSpace, SpaceError, load_space_for
-from autotuner.search.space import ParamValue as SpaceValue
 from autotuner.search.study import (
     Budget,
     Grid,
@@ -57,6 +56,8 @@ from autotuner.search.study import (
 )
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
 from autotuner.sla.spec import Sla, to_yaml
+from autotuner.space import ParamOverride, SearchSpace, SpaceError, load_space_for
+from autotuner.space import ParamValue as SpaceValue
 
 # Levels of one confirmation replicate: a claim that holds is bracketed by the first two and
 # closed by the third (CapacitySearch.around); the fourth absorbs one undecided re-measure.
@@ -126,28 +127,6 @@ def _reprint(manifest: Manifest, study: optuna.Study) -> dict[str, Any]:
     return manifest.to_data()
 
 
-def memory_limit_reason(
-    params: Mapping[str, ParamValue],
-    hw: hardware.HardwareProfile,
-    limit_gib: float | None,
-    engine: EngineAdapter | None = None,
-) -> str | None:
-    """The SLA's memory limit as a hard constraint before launch: a GPU engine claims its
-    memory pool up front (the adapter's ``memory_claim``), so that claim decides.
-    ``engine`` None: the default engine kind's adapter."""
-    if limit_gib is None:
-        return None
-    claim = (engine or registry.default()).memory_claim(params, hw)
-    if claim is None:
-        return None
-    if claim.gib > limit_gib:
-        return (
-            f"would take {claim.gib:.1f} GiB ({claim.how}) "
-            f"> the SLA's max_gpu_memory_gib {limit_gib:g}"
-        )
-    return None
-
-
 def tune(
     sla: Sla,
     *,
@@ -165,7 +144,7 @@ def tune(
     launches nothing (search.rerun) unless ``reconfirm``. The study is held for the whole
     run: another tuner of it gets StudyBusy (search.lock).
     """
-    with study_lock(trials_dir / sla.name, sla.name):
+    with study_lock(trials_dir / sla.name, sla.name, sla.tune.storage):
         return _tune(
             sla,
             trials_dir=trials_dir,
@@ -234,7 +213,7 @@ def _tune(
         startup_trials=sampler_startup(sla),
     )
     identity = _identity(sla, engine, space, model_dir, hw, dims)
-    study = open_study(sla, url, sampler, identity)
+    study = open_study(sla, url, sampler, identity, study_dir=study_dir)
     atomic_write_text(study_dir / "sla.yaml", to_yaml(sla))
     fail_stale(study, _say)
     if extra_trials > 0:

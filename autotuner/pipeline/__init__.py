@@ -1,0 +1,1 @@
+"""The stages joined: a tune runs the search, confirms and promotes."""

@@ -1,0 +1,1 @@
+"""What requests a load test sends: lengths, prompts, datasets and traces."""
