@@ -34,3 +34,17 @@ def damage(path: Path) -> str | None:
         return None
     more = f" (and {len(problems) - MAX_PROBLEMS} more)" if len(problems) > MAX_PROBLEMS else ""
     return "; ".join(problems[:MAX_PROBLEMS]) + more
+
+
+def tables(path: Path) -> list[str] | None:
+    """The names of the tables in the SQLite file at ``path``, opened read-only (None when it
+    can't be read as a database: :func:`damage` says why)."""
+    try:
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
+        try:
+            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return sorted(str(r[0]) for r in rows)
