@@ -31,6 +31,7 @@ from autotuner.core.types import ParamValue
 from autotuner.engines import envs
 from autotuner.records.compare import EngineComparison, EngineRef, MetricChangeRecord, ReplicateLine
 from autotuner.records.manifest import Manifest, PromotedConfig
+from autotuner.search.capacity_compare import t_quantile
 from autotuner.search.confirm import interleaved_order, spread
 
 Verdict = Literal["regression", "improvement", "no_change", "not_enough_data"]
@@ -92,30 +93,10 @@ class Outcome:
         return f"{self.verdict}: {self.reason}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
-# Student t quantiles at 0.995 (one-sided 0.5 %, a 99 % two-sided interval) by degrees of
-# freedom; between rows the next smaller df is used (conservative).
-_T995 = {
-    1: 63.657,
-    2: 9.925,
-    3: 5.841,
-    4: 4.604,
-    5: 4.032,
-    6: 3.707,
-    7: 3.499,
-    8: 3.355,
-    9: 3.250,
-    10: 3.169,
-    12: 3.055,
-    15: 2.947,
-    20: 2.845,
-    30: 2.750,
-    40: 2.704,
-    60: 2.660,
-}
-
-
 def t995(df: int) -> float:
-    return _T995[max(k for k in _T995 if k <= df)]
+    """The 99.5 % quantile of Student's t: a two-sided 99 % interval (the one t of the project,
+    :func:`autotuner.search.capacity_compare.t_quantile`)."""
+    return t_quantile(0.995, df)
 
 
 def _log_interval(old: Sequence[float], new: Sequence[float]) -> tuple[float, float, float]:
