@@ -1,3 +1,3 @@
-"""Measuring one config: workload, load generator, monitor, evaluation, bench, engine-version
-comparison.
+"""Measuring one config: load generator, monitor, evaluation against the SLA, capacity search
+over load levels, bench, kernel profiles, the quality gate.
 """

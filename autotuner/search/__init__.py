@@ -1,3 +1,3 @@
-"""The study: search space, rules, memory model, ask/tell loop, executors, trials, confirmation,
-Pareto front.
+"""The study: rules, priors, the ask/tell loop, executors, trials, confirmation and its
+decision, Pareto front, engine-version comparison.
 """

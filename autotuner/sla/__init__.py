@@ -1,1 +1,1 @@
-"""The SLA file: schema, YAML positions for errors."""
+"""The SLA file: schema and validation, the SLA's own load, the quality limits."""
