@@ -12,13 +12,15 @@ Layout under the state directory, per SLA ``S`` and engine environment ``E``:
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotuner.core import confined
 from autotuner.core.paths import atomic_write_text
 from autotuner.daemon.store import SlaRow
+from autotuner.engines import envs
 from autotuner.records.base import RecordError
 from autotuner.records.manifest import Confirmation, Manifest, Measurements, Spread
 from autotuner.records.trial import TrialRecord
@@ -84,6 +86,17 @@ def pin(layout: Layout, row: SlaRow, engine: str) -> None:
 
 def _me() -> list[str]:
     return [sys.executable, "-m", "autotuner"]
+
+
+def job_env(base: Mapping[str, str], roots: Sequence[Path]) -> dict[str, str]:
+    """A job's environment: the daemon's, with the model and data files its SLA names
+    confined to ``roots`` when they are opened (autotuner.core.confined), engines picked by
+    name only, and output unbuffered for its log."""
+    env = dict(base)
+    env.pop(envs.ENV_PYTHON_VAR, None)  # jobs pick engines by name, never by override
+    env["PYTHONUNBUFFERED"] = "1"
+    env[confined.ROOTS_VAR] = confined.env_value(roots)
+    return env
 
 
 def outcome_argv(layout: Layout, sla: str, job_id: int) -> list[str]:

@@ -32,10 +32,10 @@ from autotuner.core.types import ParamValue
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
 from autotuner.search.lock import current_owner, owner_state
-from autotuner.space import ParamValue as GridValue
 from autotuner.search.storage import create_or_load
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import Sla
+from autotuner.space import ParamValue as GridValue
 
 if TYPE_CHECKING:  # both import this module
     from autotuner.search.priors import SearchPlan
@@ -184,11 +184,18 @@ def make_sampler(
 
 
 def open_study(
-    sla: Sla, url: str, sampler: optuna.samplers.BaseSampler, identity: dict[str, str]
+    sla: Sla,
+    url: str,
+    sampler: optuna.samplers.BaseSampler,
+    identity: dict[str, str],
+    *,
+    study_dir: Path | None = None,
 ) -> optuna.Study:
-    """Create or load the study; refuse one made for another SLA, engine or space."""
+    """Create or load the study; refuse one made for another SLA, engine or space, and a
+    storage that can't be used as it is (``study_dir``: where its trials are; see
+    :func:`~autotuner.search.storage.check_sqlite`)."""
     directions = [o.direction for o in sla.objectives]
-    study = create_or_load(sla.name, url, sampler, directions)
+    study = create_or_load(sla.name, url, sampler, directions, study_dir=study_dir)
     if [d.name.lower() for d in study.directions] != directions:
         raise StudyMismatch(
             f"study {sla.name!r} in {url} has other objectives; use another study name"

@@ -12,9 +12,13 @@ numbers that Python will not parse are errors too.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from autotuner.core import confined
 
 MAX_FILE_BYTES = 2 * 1024**3  # ShareGPT's best-known file is 0.7 GB
 MAX_LINE_BYTES = 16 * 1024**2
@@ -41,20 +45,37 @@ def parse_json(text: str) -> Any:
 
 def check_size(path: Path) -> None:
     """Refuse a missing file, a directory, or one past :data:`MAX_FILE_BYTES`."""
+    _open(path).close()
+
+
+def _open(path: Path) -> IO[bytes]:
+    """``path`` opened for reading once it is checked: a regular file within the size cap
+    and, where reads are confined (the daemon's jobs), under the allowed directories once
+    every link is resolved (:mod:`autotuner.core.confined`): checked on what was opened."""
     try:
-        size = path.stat().st_size
+        fd = confined.open_file(path)
+    except confined.OutsideRoots as exc:
+        raise DataFileError(str(exc)) from None
     except OSError as exc:
         raise DataFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not path.is_file():
-        raise DataFileError(f"{path}: not a regular file")
-    if size > MAX_FILE_BYTES:
-        raise DataFileError(f"{path}: {size} bytes, more than the {MAX_FILE_BYTES} allowed")
+    f = os.fdopen(fd, "rb")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DataFileError(f"{path}: not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise DataFileError(
+                f"{path}: {st.st_size} bytes, more than the {MAX_FILE_BYTES} allowed"
+            )
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def lines(path: Path) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of every non-blank line, checked for length and encoding."""
-    check_size(path)
-    with path.open("rb") as f:
+    with _open(path) as f:
         lineno = 0
         while True:
             raw = f.readline(MAX_LINE_BYTES + 1)
@@ -87,8 +108,8 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 def json_document(path: Path) -> Any:
     """The one JSON value a ``.json`` file holds."""
-    check_size(path)
-    raw = path.read_bytes()
+    with _open(path) as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

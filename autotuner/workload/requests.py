@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from autotuner.core import confined
+
 Api = Literal["completions", "chat"]
 
 # Random token ids stay below this share of the vocabulary: the tail of Llama-3 and Qwen
@@ -240,7 +242,7 @@ class RequestFactory:
 def load_dataset(path: Path) -> tuple[dict[str, Any], ...]:
     """Rows of a JSONL prompt file: ``{"prompt": str}`` or ``{"messages": [...]}``."""
     rows = []
-    with path.open(encoding="utf-8") as f:
+    with open(confined.open_file(path), encoding="utf-8") as f:  # within the daemon's roots
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
