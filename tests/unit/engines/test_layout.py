@@ -388,8 +388,7 @@ def test_check_layouts_prints_the_plan_and_refuses_an_unknown_gpu(
 
 def test_the_study_report_shows_capacity_per_gpu(tmp_path: Path) -> None:
     from autotuner.bundle.summary import render
-
-    from .test_promote import Scenario, _study
+    from tests.unit.bundle.test_promote import Scenario, _study
 
     sc = Scenario(confirm={})
     ctx = _study(tmp_path, sc)
@@ -408,8 +407,7 @@ def test_the_study_report_shows_capacity_per_gpu(tmp_path: Path) -> None:
 
 def test_a_target_of_two_gpus_is_leased_whole() -> None:
     from autotuner.daemon.leases import Leases
-
-    from .test_daemon import FakeGpus
+    from tests.unit.daemon.test_daemon import FakeGpus
 
     sla = sla_of(target={"gpus": 2})
     leases = Leases(FakeGpus(), idle_mib=1024, free_timeout_s=0.0)
