@@ -26,6 +26,17 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import TYPE_CHECKING, Literal
 
+from autotuner.bundle.svg import AXIS as _AXIS
+from autotuner.bundle.svg import GRID as _GRID
+from autotuner.bundle.svg import INK as _INK
+from autotuner.bundle.svg import Scale as _Scale
+from autotuner.bundle.svg import attrs as _attrs
+from autotuner.bundle.svg import clip as _clip
+from autotuner.bundle.svg import document as _svg
+from autotuner.bundle.svg import line as _line
+from autotuner.bundle.svg import n as _n
+from autotuner.bundle.svg import scale as _scale
+from autotuner.bundle.svg import text as _text
 from autotuner.engines.deploy import argv_lines, format_command
 
 if TYPE_CHECKING:
@@ -209,10 +220,6 @@ def _csv_number(value: float | None) -> str:
 # ---------------------------------------------------------------------------------------------
 # SVG building blocks
 
-_FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
-_INK = "#222222"
-_GRID = "#e6e6e6"
-_AXIS = "#555555"
 _PROMOTED = "#d62728"
 _FEASIBLE = "#4c78a8"
 _FRONT = "#1f4e89"
@@ -221,137 +228,6 @@ _INFEASIBLE = "#9a9a9a"
 _PROFILE_COLORS = ("#d62728", "#7f7f7f", "#4c78a8", "#54a24b", "#b279a2", "#9d755d")
 _PHASE_COLORS = {"queue": "#bab0ac", "prefill": "#f58518", "decode": "#54a24b"}
 _OTHER_PHASE_COLORS = ("#72b7b2", "#b279a2", "#9d755d")
-
-
-def _n(v: float) -> str:
-    """A coordinate: two decimals at most, no trailing zeros."""
-    text = f"{v:.2f}".rstrip("0").rstrip(".")
-    return "0" if text in ("-0", "") else text
-
-
-def _attrs(**kw: str | float | None) -> str:
-    parts = []
-    for key, value in kw.items():
-        if value is None:
-            continue
-        name = key.rstrip("_").replace("_", "-")
-        text = _n(value) if isinstance(value, float | int) else value
-        parts.append(f'{name}="{escape(text, quote=True)}"')
-    return " ".join(parts)
-
-
-def _text(
-    x: float,
-    y: float,
-    s: str,
-    *,
-    anchor: str = "start",
-    size: float = 12,
-    weight: str | None = None,
-    fill: str = _INK,
-    cls: str | None = None,
-    rotate: bool = False,
-    halo: bool = False,
-) -> str:
-    transform = f"rotate(-90 {_n(x)} {_n(y)})" if rotate else None
-    # A white outline drawn under the glyphs keeps labels legible over markers and lines.
-    outline = {"stroke": "#ffffff", "stroke_width": "3", "paint_order": "stroke"} if halo else {}
-    a = _attrs(
-        x=x,
-        y=y,
-        text_anchor=anchor,
-        font_size=size,
-        font_weight=weight,
-        fill=fill,
-        class_=cls,
-        transform=transform,
-        **outline,
-    )
-    return f"<text {a}>{escape(s, quote=False)}</text>"
-
-
-def _line(x1: float, y1: float, x2: float, y2: float, stroke: str, width: float = 1) -> str:
-    return f"<line {_attrs(x1=x1, y1=y1, x2=x2, y2=y2, stroke=stroke, stroke_width=width)}/>"
-
-
-def _svg(width: float, height: float, body: Sequence[str], title: str) -> str:
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="{_n(width)}" '
-        f'height="{_n(height)}" viewBox="0 0 {_n(width)} {_n(height)}" '
-        f'font-family="{_FONT}">'
-    )
-    return "\n".join(
-        [
-            '<?xml version="1.0" encoding="UTF-8"?>',
-            head,
-            f"<title>{escape(title, quote=False)}</title>",
-            f'<rect width="{_n(width)}" height="{_n(height)}" fill="#ffffff"/>',
-            *body,
-            "</svg>",
-            "",
-        ]
-    )
-
-
-@dataclass(frozen=True)
-class _Scale:
-    """A linear map from data [lo, hi] to pixels [a, b], with its tick values."""
-
-    lo: float
-    hi: float
-    a: float
-    b: float
-    ticks: tuple[float, ...]
-    decimals: int
-
-    def __call__(self, v: float) -> float:
-        return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
-
-    def label(self, v: float) -> str:
-        text = f"{v:,.{self.decimals}f}"
-        return "0" if re.fullmatch(r"-0(\.0*)?", text) else text
-
-
-def _scale(
-    values: Sequence[float],
-    a: float,
-    b: float,
-    *,
-    integer: bool = False,
-    zero: bool = False,
-    n: int = 5,
-) -> _Scale:
-    """Nice ticks (1, 2, 2.5, 5 x 10^k) spanning ``values``; the axis runs from the first
-    tick to the last, a little further where a value would sit on the frame.
-
-    Identical values get a window around them (no division by zero; not below 0 for
-    non-negative data); ``zero`` starts the axis at 0 (bar charts).
-    """
-    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    if zero:
-        lo = min(lo, 0.0)
-    if hi - lo <= 0:
-        pad = abs(lo) * 0.1 or 1.0
-        lo, hi = lo - pad, hi + pad
-        if values and min(values) >= 0:
-            lo = max(lo, 0.0)
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * 0.999)
-    if integer:
-        step = max(1.0, math.ceil(step))
-    start = math.floor(lo / step + 1e-9) * step
-    end = math.ceil(hi / step - 1e-9) * step
-    count = round((end - start) / step)
-    ticks = tuple(start + i * step for i in range(count + 1))
-    decimals = 0 if integer else max(0, -math.floor(math.log10(step) + 1e-9))
-    if not integer and abs(step / 10**-decimals - round(step / 10**-decimals)) > 1e-9:
-        decimals += 1  # 2.5 x 10^k needs one more digit
-    axis_lo, axis_hi = start, end
-    if not zero:  # markers on the frame are hard to see
-        margin = (hi - lo) * 0.03
-        axis_lo, axis_hi = min(start, lo - margin), max(end, hi + margin)
-    return _Scale(axis_lo, axis_hi, a, b, ticks, decimals)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -792,10 +668,6 @@ def latency_breakdown_svg(
 
 def _ms(value: float | None) -> str:
     return format_value("latency_ms", value)
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _bar_grid(scale: _Scale, top: float, bottom: float) -> list[str]:
