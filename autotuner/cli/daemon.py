@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.core.errors import BadInput
+from autotuner.core.text import printable
 from autotuner.daemon.config import ConfigError, DaemonConfig, load_config
 from autotuner.records.daemon import DaemonInfo
 
@@ -123,6 +124,14 @@ def _age(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M")
 
 
+def _show(text: str = "") -> None:
+    """One line of `status` (after a blank one if it starts with a newline): the daemon's
+    answer quotes file names, logs, alerts and lock files from outside, so control
+    characters, newlines included, are escaped before they reach the terminal."""
+    blank = text.startswith("\n")
+    print(("\n" if blank else "") + printable(text.removeprefix("\n")))
+
+
 def main_status(
     state_dir: str | None, url: str | None, token_file: str | None, as_json: bool
 ) -> int:
@@ -134,32 +143,32 @@ def main_status(
     if code != 200:
         raise BadInput(f"HTTP {code}: {data}")
     if as_json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data, indent=2))  # JSON escapes control characters
         return 0
     d = data["daemon"]
     bound = f" (bound to {d['bind']})" if d.get("bind") and d["bind"] not in d["url"] else ""
-    print(
+    _show(
         f"daemon pid {d['pid']} at {d['url']}{bound}, up since {_age(d['started'])}, "
         f"state {d['state_dir']}"
     )
-    print(f"\nrunning ({len(data['running'])}):")
+    _show(f"\nrunning ({len(data['running'])}):")
     for j in data["running"]:
-        print(
+        _show(
             f"  job {j['id']} {j['kind']} {j['sla']} on {j['engine']} "
             f"[{', '.join(j['devices'])}] since {_age(j['started'])}"
         )
         for line in j.get("log_tail", []):
-            print(f"      {line}")
-    print(f"\nqueue ({len(data['queue'])}):")
+            _show(f"      {line}")
+    _show(f"\nqueue ({len(data['queue'])}):")
     for j in data["queue"]:
         why = f" - waiting: {j['waiting_for']}" if j.get("waiting_for") else ""
-        print(
+        _show(
             f"  job {j['id']} {j['kind']} {j['sla']} on {j['engine']} "
             f"(priority {j['priority']}){why}"
         )
     leases = data["leases"]
-    print(f"\ndevices: leased {leases['held'] or 'none'}; draining {leases['draining'] or 'none'}")
-    print("\nSLAs:")
+    _show(f"\ndevices: leased {leases['held'] or 'none'}; draining {leases['draining'] or 'none'}")
+    _show("\nSLAs:")
     for s in data["slas"]:
         p = s.get("promotion")
         prom = (
@@ -168,24 +177,24 @@ def main_status(
             if p
             else "nothing promoted yet"
         )
-        print(f"  {s['name']}: {prom}; next check {_age(s['next_check'])} ({s['schedule']})")
+        _show(f"  {s['name']}: {prom}; next check {_age(s['next_check'])} ({s['schedule']})")
     checks = data.get("engine_checks") or {}
     if checks:
-        print("\nengine checks (autotuner doctor):")
+        _show("\nengine checks (autotuner doctor):")
     for name, c in sorted(checks.items()):
-        print(f"  {name} ({c['engine'] or 'not probed'}): {c['verdict']} ({c['checked']})")
+        _show(f"  {name} ({c['engine'] or 'not probed'}): {c['verdict']} ({c['checked']})")
         for f in c["problems"][:5]:
-            print(f"      {f['status']} {f['check']}: {f['found']}")
+            _show(f"      {f['status']} {f['check']}: {f['found']}")
     refused = data.get("spool") or {}
     if refused.get("rejected"):
-        print(f"\nspool: {refused['rejected']} files refused (see spool/failed/*.error.txt)")
+        _show(f"\nspool: {refused['rejected']} files refused (see spool/failed/*.error.txt)")
         for r in refused.get("recent", []):
             first = (r.get("errors") or ["refused"])[0]
-            print(f"  {_age(r['time'])} {r['file']}: {first}")
-    print("\nlast alerts:")
+            _show(f"  {_age(r['time'])} {r['file']}: {first}")
+    _show("\nlast alerts:")
     for a in data["alerts"][:5]:
         sent = "sent" if a["delivered"] == 1 else ("gave up" if a["delivered"] < 0 else "pending")
-        print(f"  {_age(a['time'])} {a['severity']} {a['kind']}: {a['summary']} [{sent}]")
+        _show(f"  {_age(a['time'])} {a['severity']} {a['kind']}: {a['summary']} [{sent}]")
     if not data["alerts"]:
-        print("  none")
+        _show("  none")
     return 0

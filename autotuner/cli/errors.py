@@ -23,6 +23,7 @@ from pathlib import Path
 from autotuner import __version__
 from autotuner.core import paths
 from autotuner.core.errors import AutotunerError, BadInput, InternalError, Interrupted
+from autotuner.core.text import printable
 
 MAX_LINE = 300  # characters of the error's message on the one line
 
@@ -65,15 +66,17 @@ def _ending(command: Callable[[], int], argv: Sequence[str], debug: bool) -> tup
     except AutotunerError as exc:
         if debug:
             traceback.print_exc()
-        print(exc.describe(), file=sys.stderr)
-        return exc.exit_code, exc.describe()
+        said = printable(exc.describe(), lines=True)  # may quote a file, a log, a name
+        print(said, file=sys.stderr)
+        return exc.exit_code, said
     except Exception as exc:
         known = _foreign_bad_input(exc)
         if known is not None:
             if debug:
                 traceback.print_exc()
-            print(known.describe(), file=sys.stderr)
-            return known.exit_code, known.describe()
+            said = printable(known.describe(), lines=True)
+            print(said, file=sys.stderr)
+            return known.exit_code, said
         return _internal(exc, argv, debug)
 
 
@@ -90,6 +93,7 @@ def _foreign_bad_input(exc: Exception) -> AutotunerError | None:
 def one_line(exc: BaseException) -> str:
     """``Type: message`` on one line, the message shortened to ``MAX_LINE`` characters."""
     text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = printable(text)
     if len(text) > MAX_LINE:
         text = text[: MAX_LINE - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -16,8 +16,8 @@ from typing import Literal
 
 OptionType = Literal["int", "float", "bool", "categorical"]
 
-_INT_RE = re.compile(r"^-?\d{1,18}$")
-_FLOAT_RE = re.compile(r"^-?(\d{1,18}(\.\d*)?|\.\d+)([eE][-+]?\d{1,3})?$")
+_INT_RE = re.compile(r"^-?\d{1,18}\Z")
+_FLOAT_RE = re.compile(r"^-?(\d{1,18}(\.\d*)?|\.\d+)([eE][-+]?\d{1,3})?\Z")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class OptionRule:
 
 # Text values of open categoricals and of environment variables: no paths, no spaces, no
 # shell or Python syntax; enough for names, numbers and CPU lists (0-31|32-63).
-_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:|+=-]{1,200}$")
+_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:|+=-]{1,200}\Z")
 
 
 @dataclass(frozen=True)

@@ -29,3 +29,13 @@ def printable(text: str, *, lines: bool = False) -> str:
 def has_control(text: str) -> bool:
     """Whether ``text`` holds any character :func:`printable` would escape."""
     return _CONTROL.search(text) is not None
+
+
+# A terminal's CSI sequence (ESC [ ... final byte): colours and cursor moves in a program's log.
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def log_text(text: str) -> str:
+    """A log's lines as they may be shown: colour and cursor sequences dropped, every other
+    control character escaped; newlines and tabs kept."""
+    return printable(_CSI.sub("", text), lines=True)

@@ -21,10 +21,11 @@ import stat
 from pathlib import Path
 
 from autotuner.core.errors import AutotunerError
+from autotuner.core.text import printable
 
 LEASE_DIR_VAR = "AUTOTUNER_LEASE_DIR"
 SYSTEM_DIR = Path("/run/lock/autotuner")
-_DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # whole names: fullmatch
 
 
 class DeviceBusy(AutotunerError):
@@ -63,7 +64,7 @@ class HostLocks:
             raise PermissionError(f"{self.dir} is not writable by this user")
 
     def _path(self, device: str) -> Path:
-        if not _DEVICE.match(device):
+        if not _DEVICE.fullmatch(device):
             raise ValueError(f"not a device name: {device!r}")
         return self.dir / f"{device}.lock"
 
@@ -123,9 +124,19 @@ class HostLocks:
         return True
 
     def holder(self, device: str) -> str:
-        """What the holder wrote into the lock file ("pid N STATE_DIR"), or ''."""
+        """What the holder wrote into the lock file ("pid N STATE_DIR"), or ''. Anyone may
+        write to that file: it is read without following a link or waiting on a FIFO, at most
+        300 bytes, and its control characters are escaped (it is shown in `status`)."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         with contextlib.suppress(OSError, ValueError):
-            return self._path(device).read_text(errors="replace").strip()[:300]
+            fd = os.open(self._path(device), flags)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return ""
+                raw = os.read(fd, 300)
+            finally:
+                os.close(fd)
+            return printable(raw.decode("utf-8", "replace").strip())
         return ""
 
     def close(self) -> None:

@@ -7,11 +7,47 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Iterator
 
 from autotuner.daemon.config import DaemonConfig
 
 logger = logging.getLogger(__name__)
+# The HTTP server's own log (requests it could not parse), through the filter below.
+http_log = logging.getLogger("autotuner.daemon.http")
+MALFORMED_EVERY_S = 60.0  # at most one line a minute about malformed requests
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (before any token is checked) with a traceback
+    that quotes the request's bytes: anyone who reaches the port could write into the log.
+    Such a record becomes one line without them, at most once a minute with a count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = float("-inf")
+        self.unsaid = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        self.unsaid += 1
+        now = time.monotonic()
+        if now - self.last < MALFORMED_EVERY_S:
+            return False
+        record.msg = "refused %d malformed HTTP request(s) (last: %s, status %s), not logged"
+        record.args = (self.unsaid, type(exc).__name__, exc.code)
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        self.last, self.unsaid = now, 0
+        return True
+
+
+http_log.addFilter(_MalformedRequests())
 
 
 @contextlib.contextmanager
@@ -49,7 +85,7 @@ async def _serve(config: DaemonConfig, ready: asyncio.Event | None) -> int:
     daemon = Daemon(config, gpus=open_gpu_view())
     try:
         daemon.recover()
-        runner = web.AppRunner(make_app(daemon), access_log=None)
+        runner = web.AppRunner(make_app(daemon), access_log=None, logger=http_log)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()

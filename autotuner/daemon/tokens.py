@@ -7,7 +7,8 @@ Two tokens, both created at the first start in the state directory with mode 060
   whoever reads Prometheus' copy cannot submit SLAs.
 
 Tokens are compared as bytes in constant time; a header that is not ASCII is malformed (401),
-never an error of the server.
+never an error of the server. A token file that is not printable ASCII stops the start
+(:class:`TokenFileError`, exit 2): no header could ever match it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,7 +43,16 @@ def read_or_create(path: Path) -> str:
             f.write(secrets.token_urlsafe(32) + "\n")
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o600)
-    token = path.read_text().strip()
+    raw = path.read_bytes().strip()
+    if raw and (not raw.isascii() or not _SHAPE.fullmatch(raw.decode("ascii"))):
+        # It could never match a header (those are ASCII): refuse to start instead of
+        # answering every request with an error.
+        raise TokenFileError(
+            f"{path}: the API token must be printable ASCII without spaces (letters, digits, "
+            "punctuation); this file holds other bytes: write another token into it, or delete "
+            "it and the daemon makes a new one at its next start"
+        )
+    token = raw.decode("ascii")
     if len(token) < 16:
         token = secrets.token_urlsafe(32)
         tmp = path.with_name(path.name + ".new")
@@ -50,6 +61,13 @@ def read_or_create(path: Path) -> str:
             f.write(token + "\n")
         os.replace(tmp, path)
     return token
+
+
+_SHAPE = re.compile(r"[!-~]+")  # printable ASCII, no spaces
+
+
+class TokenFileError(BadInput):
+    """A token file holds something no request could ever present."""
 
 
 class MalformedToken(BadInput, ValueError):

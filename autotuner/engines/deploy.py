@@ -12,6 +12,8 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from autotuner.core.text import printable
+
 _FLAG = re.compile(r"^--?[A-Za-z]")
 
 
@@ -36,8 +38,14 @@ def format_command(lines: Sequence[Sequence[str]], indent: str = "  ") -> str:
 
 def bash_script(lines: Sequence[Sequence[str]], comments: Sequence[str], *, pass_args: bool) -> str:
     """A bash script that ``exec``s ``lines`` (see :func:`format_command`) under ``comments``;
-    ``pass_args`` appends the script's own arguments to the command."""
-    out = ["#!/usr/bin/env bash", *(f"# {c}" if c else "#" for c in comments), "set -euo pipefail"]
+    ``pass_args`` appends the script's own arguments to the command. Comments carry text from
+    outside (an engine's reported version, a model path): their control characters are
+    escaped, so a newline in one can't end the comment and start a command."""
+    out = [
+        "#!/usr/bin/env bash",
+        *(f"# {printable(c)}" if c else "#" for c in comments),
+        "set -euo pipefail",
+    ]
     command = "exec " + format_command(lines)
     if pass_args:
         # Extra flags given to the script (e.g. --api-key) are appended to the server's.

@@ -42,6 +42,7 @@ from typing import Any
 
 from autotuner.core import paths
 from autotuner.core.errors import BadInput
+from autotuner.core.text import printable
 from autotuner.engines import registry
 from autotuner.engines.base import EnvTraits
 from autotuner.records.base import RecordError, RecordVersionError
@@ -88,7 +89,9 @@ NO_ENV_HINT = (
     f"run `autotuner engine install {EXAMPLE_SPEC}` or `autotuner engine add NAME --python PATH`"
 )
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # whole names only: fullmatch
+# A version as a package reports it (PEP 440, local part included): no spaces, no controls.
+_VERSION_RE = re.compile(r"[0-9][A-Za-z0-9.+!_-]{0,63}")
 # A pinned requirement: distribution, `==`, and a PEP 440 version without wildcards.
 # A strict regex instead of packaging.requirements: packaging is not a declared dependency,
 # and we want to refuse extras, markers, URLs and ranges anyway.
@@ -156,7 +159,7 @@ def _device(distribution: str, version: str) -> str:
 
 def validate_name(name: str) -> str:
     """Return ``name`` if it is a valid environment name, else raise EngineEnvUsageError."""
-    if not _NAME_RE.match(name) or name in (".", ".."):
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise EngineEnvUsageError(
             f"invalid engine environment name {name!r}: use letters, digits, '_', '.', '-', "
             "starting with a letter or digit"
@@ -278,7 +281,14 @@ def probe_version(python: Path) -> tuple[str, str]:
             f"no vLLM installed for {python} (looked for distributions "
             f"{', '.join(distributions())}); {NO_ENV_HINT}"
         )
-    return found[0]
+    dist, version = found[0]
+    # What the package says of itself ends up in scripts, file names and terminals.
+    if not _VERSION_RE.fullmatch(version) or dist not in distributions():
+        raise EngineEnvError(
+            f"{python} reports {printable(dist)} version '{printable(version)[:80]}', which is "
+            "not a version number: the installed package's metadata is damaged or not vLLM's"
+        )
+    return dist, version
 
 
 # --------------------------------------------------------------------------- registry

@@ -21,6 +21,7 @@ import aiohttp
 import psutil
 
 from autotuner.core import procs
+from autotuner.core.text import log_text
 from autotuner.engines.base import Endpoint, EngineLaunchError, LaunchCause
 
 HEALTH_POLL_S = 0.5
@@ -40,7 +41,8 @@ ROOT_CAUSE_WINDOW_BYTES = 1024 * 1024
 
 def tail(path: Path, lines: int = 40, *, max_bytes: int = 64 * 1024) -> str:
     """The last ``lines`` lines of a text file, read from its last ``max_bytes`` (empty when
-    it does not exist)."""
+    it does not exist). An engine's log is printed on terminals and stored in records: its
+    colour sequences are dropped and other control characters escaped (core.text)."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
@@ -49,7 +51,8 @@ def tail(path: Path, lines: int = 40, *, max_bytes: int = 64 * 1024) -> str:
             data = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-lines:])
+    kept = data.replace("\r\n", "\n").rstrip("\n").split("\n")[-lines:]
+    return "\n".join(log_text(line) for line in kept)
 
 
 class ServerProcess:

@@ -92,7 +92,7 @@ class SpaceError(BadInput, ValueError):
 # --------------------------------------------------------------------------- versions
 
 _VERSION_RE = re.compile(r"\d+(?:\.\d+)+")
-_CLAUSE_RE = re.compile(r"^(>=|<=|==|!=|~=|>|<)?\s*(\d+(?:\.\d+)*)(\.\*)?$")
+_CLAUSE_RE = re.compile(r"^(>=|<=|==|!=|~=|>|<)?\s*(\d+(?:\.\d+)*)(\.\*)?\Z")
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -752,7 +752,7 @@ def _check_file(spec: _File) -> list[str]:
 
 
 _LATENCY_KINDS = ("ttft", "tpot", "itl", "e2e")
-_METRIC_RE = re.compile(r"^[a-z][a-z0-9_.]*$")
+_METRIC_RE = re.compile(r"^[a-z][a-z0-9_.]*\Z")
 
 
 def _check_strategy(spec: _File) -> list[tuple[KeyPath, str]]:
@@ -867,7 +867,7 @@ def _check_hopeless(d: _Decl, h: _Hopeless, decls: Mapping[str, _Decl]) -> list[
     return out
 
 
-_LATENCY_METRIC_RE = re.compile(r"^(?:mean|p\d+(?:\.\d+)?)_(?:ttft|tpot|itl|e2e)_ms$")
+_LATENCY_METRIC_RE = re.compile(r"^(?:mean|p\d+(?:\.\d+)?)_(?:ttft|tpot|itl|e2e)_ms\Z")
 
 
 def _check_limits(d: _Decl, limits: _Limits) -> list[str]:

@@ -37,7 +37,7 @@ GPU_IMAGE = "vllm/vllm-openai"
 CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"
 
 _VERSION = re.compile(r"(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 def engine_params(params: Mapping[str, object]) -> dict[str, ParamValue]:

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +22,13 @@ from autotuner.cli.main import main
 from autotuner.core import confined
 from autotuner.daemon import jobs
 from autotuner.daemon.config import DaemonConfig
+from autotuner.daemon.hostlocks import HostLocks
+from autotuner.daemon.main import serve
 from autotuner.daemon.service import Daemon
 from autotuner.daemon.spool import SpoolTreeError
+from autotuner.daemon.tokens import TokenFileError
 from autotuner.engines import envs
-from autotuner.measure.bench import resolve_model
+from autotuner.measure.launch import resolve_model
 from autotuner.sla.spec import parse_sla
 from autotuner.workload.datafiles import DataFileError
 from autotuner.workload.datasets import read_dataset
@@ -226,3 +230,124 @@ def test_a_model_folder_with_a_link_out_of_the_roots_is_refused_when_a_job_opens
     )
     with pytest.raises(confined.OutsideRoots, match="outside"):
         resolve_model(sla2)
+
+
+# --------------------------------------------------------------------------- 5: text from outside
+
+
+def test_a_spool_file_name_with_control_characters_is_refused_and_shown_escaped(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = daemon.root / "spool"
+    name = "evil\x1b]0;pwned\x07\nALERT critical.yaml"
+    (spool / name).write_text(SLA.format(name="evil"))
+    with caplog.at_level(logging.WARNING, logger="autotuner.daemon"):
+        assert daemon.scan_spool(min_age_s=0) == [(name, False)]
+    assert daemon.store.get_sla("evil") is None
+    logged = [r.getMessage() for r in caplog.records]
+    alert = daemon.store.alerts()[0]
+    recent = daemon.status()["spool"]["recent"][0]
+    for text in [*logged, alert["summary"], *recent["errors"], recent["file"]]:
+        assert not any(c in text for c in "\x1b\x07\n"), text
+    assert "evil\\x1b]0;pwned\\x07\\nALERT critical.yaml" in logged[0]
+    assert "control characters" in recent["errors"][0]
+    (error,) = (daemon.root / "spool" / "failed").glob("*.error.txt")
+    assert "\x1b" not in error.read_text()
+
+
+def test_a_lease_holder_is_read_without_links_and_shown_escaped(tmp_path: Path) -> None:
+    locks = HostLocks(tmp_path / "leases", owner="/srv/state")
+    other = HostLocks(tmp_path / "leases", owner="/srv/other")
+    try:
+        assert other.take("cpu")
+        assert locks.holder("cpu") == f"pid {os.getpid()} /srv/other"
+        (tmp_path / "leases" / "cpu.lock").write_text("pid 1 \x1b[2J\x1b[Hfake\nline")
+        assert locks.holder("cpu") == "pid 1 \\x1b[2J\\x1b[Hfake\\nline"
+        other.drop("cpu")
+        (tmp_path / "leases" / "cpu.lock").unlink()
+        (tmp_path / "leases" / "cpu.lock").symlink_to("/etc/passwd")
+        assert locks.holder("cpu") == ""  # a planted link is never read
+        with pytest.raises(ValueError, match="not a device name"):  # whole names only
+            locks.take("cpu\n")
+    finally:
+        locks.close()
+        other.close()
+
+
+def test_status_escapes_what_the_daemon_quotes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autotuner.cli import daemon as cli_daemon
+
+    status = {
+        "daemon": {"pid": 1, "url": "http://127.0.0.1:1", "bind": "", "started": 0,
+                   "state_dir": "/s"},
+        "running": [{"id": 1, "kind": "tune", "sla": "a", "engine": "e", "devices": ["cpu"],
+                     "started": 0, "log_tail": ["\x1b[31mred\x1b]0;title\x07", "ok"]}],
+        "queue": [{"id": 2, "kind": "tune", "sla": "b", "engine": "e", "priority": 0,
+                   "waiting_for": "cpu is held by pid 9 \x1b[2Jfake\nline"}],
+        "leases": {"held": {}, "draining": []},
+        "slas": [],
+        "spool": {"rejected": 1, "recent": [{"time": 0, "file": "x\x1b.yaml", "errors": ["e"]}]},
+        "alerts": [{"time": 0, "severity": "warning", "kind": "k", "summary": "s\x9b2J",
+                    "delivered": 1}],
+    }  # fmt: skip
+    monkeypatch.setattr(cli_daemon, "_endpoint", lambda *a: ("http://x", "t"))
+    monkeypatch.setattr(cli_daemon, "call", lambda *a: (200, status))
+    assert cli_daemon.main_status(None, None, None, False) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\x9b")
+    assert "\\x1b[31mred" in out and "fake\\nline" in out and "x\\x1b.yaml" in out
+
+
+def test_a_non_ascii_token_file_stops_the_start_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "state"
+    _daemon(root).close()
+    (root / "token").write_text("tökén-" * 8 + "\n")
+    with pytest.raises(TokenFileError) as err:
+        _daemon(root)
+    assert err.value.exit_code == 2
+    assert str(err.value).startswith(f"{root / 'token'}: the API token must be printable ASCII")
+    assert main(["daemon", "--state-dir", str(root), "--port", "0"]) == 2
+    assert "delete it and the daemon makes a new one" in capsys.readouterr().err
+    (root / "token").unlink()
+    d = _daemon(root)  # a new token, and the failed starts left nothing held
+    try:
+        assert d.token.isascii() and len(d.token) >= 32
+    finally:
+        d.close()
+
+
+def test_malformed_requests_leave_no_traceback_or_body_in_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(envs, "list_envs", lambda: [])
+    config = DaemonConfig(state_dir=tmp_path / "state", port=0, spool_poll_s=3600)
+    payloads = [
+        b"GET /v1/status HTTP/1.1\r\nHost: x\r\nBad Header\x01: SECRET-HEADER\r\n\r\n",
+        b"POST /v1/studies HTTP/1.1\r\nHost: x\r\nContent-Length: SECRET-LEN\r\n\r\nbody",
+        b"\x16\x03\x01SECRET-TLS-GARBAGE\r\n\r\n",
+    ]
+
+    async def go() -> int:
+        ready = asyncio.Event()
+        served = asyncio.create_task(serve(config, ready=ready))
+        await asyncio.wait_for(ready.wait(), 60)
+        url = json.loads((config.state_dir / "daemon.json").read_text())["url"]
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        for payload in payloads:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(payload)
+            await writer.drain()
+            assert (await reader.read(100)).startswith(b"HTTP/1.")
+            writer.close()
+        os.kill(os.getpid(), signal.SIGTERM)  # serve() stops on it
+        return await asyncio.wait_for(served, 60)
+
+    assert asyncio.run(go()) == 0
+    captured = capsys.readouterr()
+    log = captured.out + captured.err
+    assert "SECRET" not in log and "Traceback" not in log
+    assert log.count("malformed HTTP request") == 1  # once, not a line per request
