@@ -1,13 +1,13 @@
 """The prefix-cache panel of ``latency_breakdown.svg``: per config, the share of prompt tokens
 the engine served from its prefix cache at the SLA's load, with the cache hit rate
-(:mod:`autotuner.measure.cache`). Drawn with :mod:`autotuner.bundle.report`'s SVG helpers."""
+(:mod:`autotuner.measure.cache`). Drawn with the SVG helpers of :mod:`autotuner.bundle.svg`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
 
-from autotuner.bundle import report
+from autotuner.bundle import svg
 from autotuner.bundle.report import LatencyProfile
 
 _X0, _X1 = 190.0, 650.0
@@ -21,7 +21,7 @@ def cache_panel(profiles: Sequence[LatencyProfile], y: float) -> tuple[list[str]
     if not shown:
         return [], y
     body = [
-        report._text(
+        svg.text(
             24, y + 14, "Prompt tokens served from the prefix cache (engine metrics)", weight="bold"
         )
     ]
@@ -29,12 +29,9 @@ def cache_panel(profiles: Sequence[LatencyProfile], y: float) -> tuple[list[str]
     for _, prof in shown:
         share = prof.cache.get("prompt_cached_share")
         rate = prof.cache.get("prefix_cache_hit_rate")
+        body.append(svg.text(_X0 - 10, y + _BAR_H - 3, svg.clip(prof.label, 24), anchor="end"))
         body.append(
-            report._text(_X0 - 10, y + _BAR_H - 3, report._clip(prof.label, 24), anchor="end")
-        )
-        body.append(
-            f"<rect {report._attrs(x=_X0, y=y, width=_X1 - _X0, height=_BAR_H)} "
-            f'fill="{report._GRID}"/>'
+            f'<rect {svg.attrs(x=_X0, y=y, width=_X1 - _X0, height=_BAR_H)} fill="{svg.GRID}"/>'
         )
         words = "n/a" if share is None else f"{share:.0%} of prompt tokens"
         if rate is not None:
@@ -44,9 +41,9 @@ def cache_panel(profiles: Sequence[LatencyProfile], y: float) -> tuple[list[str]
             tip = f"{prof.label}: {words}"
             body.append(
                 f'<rect class="cache" data-share="{share:.4f}" '
-                f"{report._attrs(x=_X0, y=y, width=w, height=_BAR_H)} "
+                f"{svg.attrs(x=_X0, y=y, width=w, height=_BAR_H)} "
                 f'fill="{_CACHED}"><title>{escape(tip)}</title></rect>'
             )
-        body.append(report._text(_X1 + 6, y + _BAR_H - 3, words, size=10))
+        body.append(svg.text(_X1 + 6, y + _BAR_H - 3, words, size=10))
         y += _BAR_H + _GAP
     return body, y + 24

@@ -1,8 +1,8 @@
 """The kernel-class panel of ``latency_breakdown.svg``: where a profiled window's device time
 went (on a CPU engine: operator time), as 100 % stacked bars, one per config and per phase.
 
-Pure like :mod:`autotuner.bundle.report`, whose drawing helpers it uses: breakdowns in, SVG
-elements and the next free y out.
+Pure like :mod:`autotuner.bundle.report`, drawn with :mod:`autotuner.bundle.svg`: breakdowns in,
+SVG elements and the next free y out.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from autotuner.bundle import report as r
+from autotuner.bundle import svg
 from autotuner.measure.kernels import ALL, CLASS_LABELS, CLASSES, KernelBreakdown
 
 COLORS = {
@@ -41,7 +41,7 @@ def kernel_panel(named: Sequence[tuple[str, KernelBreakdown]], y: float) -> tupl
         return [], y
     timed = sorted({b.timed for _, b in named})
     body = [
-        r._text(24, y + 14, f"Time by kernel class ({', '.join(timed)}, profiled)", weight="bold")
+        svg.text(24, y + 14, f"Time by kernel class ({', '.join(timed)}, profiled)", weight="bold")
     ]
     y += 24
     present = [c for c in CLASSES if any(b.time_us(c) > 0 for _, b in named)]
@@ -51,14 +51,14 @@ def kernel_panel(named: Sequence[tuple[str, KernelBreakdown]], y: float) -> tupl
         need = 17 + 7.2 * len(text) + 22
         if lx + need > 760:
             lx, y = 24.0, y + 18
-        body.append(f'<rect {r._attrs(x=lx, y=y, width=12, height=12)} fill="{COLORS[cls]}"/>')
-        body.append(r._text(lx + 17, y + 10, text, cls="legend"))
+        body.append(f'<rect {svg.attrs(x=lx, y=y, width=12, height=12)} fill="{COLORS[cls]}"/>')
+        body.append(svg.text(lx + 17, y + 10, text, cls="legend"))
         lx += need
     y += 24
     top = y
     for label, b, phase in _rows(named):
         total = b.total_us(phase)
-        body.append(r._text(_X0 - 10, y + _BAR_H / 2 + 4, r._clip(label, 26), anchor="end"))
+        body.append(svg.text(_X0 - 10, y + _BAR_H / 2 + 4, svg.clip(label, 26), anchor="end"))
         x = _X0
         for cls in CLASSES:
             share = b.share(cls, phase)
@@ -69,27 +69,27 @@ def kernel_panel(named: Sequence[tuple[str, KernelBreakdown]], y: float) -> tupl
             tip = f"{label.strip()}: {CLASS_LABELS[cls]} {share * 100:.1f} % ({ms:,.2f} ms)"
             body.append(
                 f'<rect class="kernel" data-class="{escape(cls)}" data-phase="{escape(phase)}" '
-                f'{r._attrs(x=x, y=y, width=w, height=_BAR_H)} fill="{COLORS[cls]}" '
+                f'{svg.attrs(x=x, y=y, width=w, height=_BAR_H)} fill="{COLORS[cls]}" '
                 f'stroke="#ffffff" stroke-width="0.5"><title>{escape(tip)}</title></rect>'
             )
             if w > 34:
                 body.append(
-                    r._text(
+                    svg.text(
                         x + w / 2, y + _BAR_H - 5, f"{share * 100:.0f}%", anchor="middle", size=10
                     )
                 )
             x += w
         steps = b.steps.get(phase) if phase != ALL else sum(b.steps.values())
         note = f"{total / 1000:,.1f} ms" + (f", {steps} steps" if steps else "")
-        body.append(r._text(_X1 + 6, y + _BAR_H - 5, note, size=10))
+        body.append(svg.text(_X1 + 6, y + _BAR_H - 5, note, size=10))
         y += _BAR_H + _GAP
-    body.append(r._line(_X0, top - 4, _X0, y - _GAP + 4, r._AXIS))
+    body.append(svg.line(_X0, top - 4, _X0, y - _GAP + 4, svg.AXIS))
     for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
         x = _X0 + frac * (_X1 - _X0)
-        body.append(r._text(x, y + 10, f"{frac * 100:.0f}%", anchor="middle", size=10, cls="tick"))
+        body.append(svg.text(x, y + 10, f"{frac * 100:.0f}%", anchor="middle", size=10, cls="tick"))
     windows = ", ".join(
         f"{label}: {b.window_s:.1f} s window, {b.traces} trace{'s' if b.traces != 1 else ''}"
         for label, b in named
     )
-    body.append(r._text(24, y + 28, f"share of profiled time; {windows}", size=10, fill=r._AXIS))
+    body.append(svg.text(24, y + 28, f"share of profiled time; {windows}", size=10, fill=svg.AXIS))
     return body, y + 46

@@ -860,6 +860,9 @@ def write_bundle(
         md = lossy_tier.lossy_tier_md(sla.name, manifest.lossy_tier, load_unit(sla))
         (tmp / "lossy_tier.md").write_text(md)
     _write_deploy(ctx, tmp / "deploy", chosen)
+    from autotuner.bundle import page  # the study as one page; it reads this bundle's manifest
+
+    page.write(ctx.study, ctx.study_dir, tmp / "report.html", bundle=tmp)
     _swap(tmp, final)
     return final
 

@@ -110,6 +110,12 @@ def _add_report(sub: Any) -> None:
     r = sub.add_parser("report", help="show a study: trials, Pareto front, promoted config")
     r.add_argument("study", help="study directory, SLA file, or study name")
     r.add_argument("--trials-dir", default="trials")
+    r.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write the study as one self-contained HTML page to FILE (works offline) "
+        "instead of printing it",
+    )
 
 
 def _add_check(sub: Any) -> None:
@@ -347,7 +353,7 @@ def _run_status(a: argparse.Namespace) -> int:
 def _run_report(a: argparse.Namespace) -> int:
     from autotuner.cli.report import main_report
 
-    return main_report(study=a.study, trials_dir=a.trials_dir)
+    return main_report(study=a.study, trials_dir=a.trials_dir, html=a.html)
 
 
 def _run_check(a: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """`autotuner report STUDY`: print what a study did (trials, Pareto front, promoted config).
 
-Reads only the study's storage and its directory; starts nothing. Exit 0, or 2 when there is
-no study there.
+With ``--html FILE``, writes the study as one self-contained HTML page instead. Reads only the
+study's storage and its directory; starts nothing. Exit 0, or 2 when there is no study there.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def find_study(study: str, trials_dir: Path) -> Path:
     return trials_dir / study
 
 
-def main_report(study: str, trials_dir: str) -> int:
+def main_report(study: str, trials_dir: str, html: str | None = None) -> int:
     sdir = find_study(study, Path(trials_dir))
     db = sdir / "study.db"
     if not db.exists():
@@ -39,5 +39,10 @@ def main_report(study: str, trials_dir: str) -> int:
     if not summaries:
         raise BadInput(f"{db} holds no study")
     s = optuna.load_study(study_name=summaries[0].study_name, storage=storage_url(sdir, None))
+    if html is not None:  # the study as one page (autotuner.bundle.page)
+        from autotuner.bundle.page import write
+
+        print(f"wrote {write(s, sdir, Path(html))}")
+        return 0
     print(render(s, sdir))
     return 0
