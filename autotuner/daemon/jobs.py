@@ -216,9 +216,11 @@ def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:
         return empty
     import optuna
 
+    from autotuner.search.storage import check_sqlite
     from autotuner.search.study import feasible
 
-    try:
+    try:  # a file that is not the study's own is never opened by Optuna (it adds its tables)
+        check_sqlite(f"sqlite:///{db}")
         study = optuna.load_study(study_name=sla, storage=f"sqlite:///{db}")
     except Exception as exc:  # a missing or foreign study must not break the status page
         return {**empty, "error": str(exc)}

@@ -6,11 +6,13 @@ logs, tokens, malformed requests) never reaches a terminal or the log as it came
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -351,3 +353,20 @@ def test_malformed_requests_leave_no_traceback_or_body_in_the_log(
     log = captured.out + captured.err
     assert "SECRET" not in log and "Traceback" not in log
     assert log.count("malformed HTTP request") == 1  # once, not a line per request
+
+
+# --------------------------------------------------------------------------- 3: the study's file
+
+
+def test_the_status_page_never_writes_into_a_study_file_that_is_not_a_study(
+    daemon: Daemon,
+) -> None:
+    db = daemon.layout.study_dir("s", "eng-a") / "study.db"
+    db.parent.mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        con.execute("CREATE TABLE mine (x)")
+        con.commit()
+    before = db.read_bytes()
+    summary = jobs.study_summary(daemon.layout, "s", "eng-a")
+    assert "is not an Optuna storage" in summary["error"]
+    assert db.read_bytes() == before
