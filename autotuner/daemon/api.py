@@ -5,12 +5,15 @@ The admin token is in ``<state_dir>/token``, the read-only one (``GET /metrics``
 a malformed one gives 401, a wrong token 403, the metrics token anywhere else 403. Bodies
 larger than ``max_request_bytes`` get 413 before they are read; numbers in queries and paths
 outside their bounds get 400. An SLA is validated on a thread of its own, so a slow parse
-never stalls the other requests. ``GET /v1/openapi.json`` describes every route.
+never stalls the other requests, and at most ``PARSE_SLOTS`` such threads run at once (a 503
+with ``Retry-After`` when they are taken by parses that outlived their time limit, or too many
+submissions wait): a body that is not YAML (415) or comes while no slot will be free is
+refused before it is read. While the state directory's disk is full, every change is 507.
+``GET /v1/openapi.json`` describes every route.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,10 +25,25 @@ from autotuner import __version__
 from autotuner.daemon import tokens
 from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.metrics import make_registry, render
-from autotuner.daemon.offload import off_loop
+from autotuner.daemon.offload import ParsesBusy
 from autotuner.daemon.service import MAX_EXTRA_TRIALS, MAX_PRIORITY, Daemon
 
-PARSE_TIMEOUT_S = 60.0  # an SLA whose validation takes longer is refused (503)
+PARSE_TIMEOUT_S = 60.0  # an SLA whose validation (and wait for a slot) takes longer: 503
+RETRY_AFTER_S = 30  # what a 503 for busy validation slots suggests
+# Bodies an SLA may come in: YAML by any of its names, plain text, JSON (YAML's subset), and
+# what curl and generic clients send without being told. Anything else is refused unread.
+SLA_CONTENT_TYPES = frozenset(
+    {
+        "application/yaml",
+        "application/x-yaml",
+        "text/yaml",
+        "text/x-yaml",
+        "text/plain",
+        "application/json",
+        "application/octet-stream",
+        "application/x-www-form-urlencoded",
+    }
+)
 MAX_LIMIT = 100_000  # ?limit= of the listings
 MAX_ID = 2**63 - 1  # SQLite's largest integer
 
@@ -78,6 +96,21 @@ async def _size_limit(request: web.Request, handler: Handler) -> web.StreamRespo
         return _error(413, [f"request body exceeds {limit} bytes"])
 
 
+@web.middleware
+async def _disk_full(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """507 for a change while the state directory's disk is full (before the body is read),
+    and for one that finds it full: the daemon goes on, reads still work."""
+    daemon = request.app[DAEMON]
+    if request.method not in ("GET", "HEAD", "OPTIONS") and daemon.disk_full is not None:
+        return _error(507, [daemon.full_message()])
+    try:
+        return await handler(request)
+    except Exception as exc:
+        if not daemon.note_disk_error(exc, f"{request.method} {request.path}"):
+            raise
+        return _error(507, [daemon.full_message()])
+
+
 def _bad_request(message: str) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(
         text=json.dumps({"error": message, "errors": [message]}), content_type="application/json"
@@ -106,29 +139,42 @@ async def submit(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
     # every check before any write: a bad priority must not leave an SLA without its job
     priority = _int_param(request, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY)
+    source = request.query.get("source", "submission.yaml")
+    # Refused before the body is read: a type no SLA comes in, or no validation slot soon.
+    if request.content_type not in SLA_CONTENT_TYPES:
+        found = request.content_type
+        return _error(415, [f"{source}: an SLA is YAML (application/yaml), not {found}"])
+    busy = daemon.parses.busy()
+    if busy is not None:
+        return _busy(source, busy)
     body = await request.read()
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return _error(400, ["body must be UTF-8 YAML"])
-    source = request.query.get("source", "submission.yaml")
     try:
-        prepared = await asyncio.wait_for(
-            off_loop(
-                daemon.prepare,
-                text,
-                source=source,
-                base_dir=None,
-                schedule=request.query.get("schedule"),
-            ),
+        prepared = await daemon.parses.run(
             PARSE_TIMEOUT_S,
+            daemon.prepare,
+            text,
+            source=source,
+            base_dir=None,
+            schedule=request.query.get("schedule"),
         )
         result = daemon.register(prepared, priority=priority)
     except SubmitError as exc:
         return _error(exc.status, exc.messages)
+    except ParsesBusy as exc:
+        return _busy(source, str(exc))
     except TimeoutError:
         return _error(503, [f"{source}: validating it took over {PARSE_TIMEOUT_S:.0f} s"])
     return web.json_response(result, status=201 if result["created"] else 200)
+
+
+def _busy(source: str, why: str) -> web.Response:
+    resp = _error(503, [f"{source}: not validated now: {why}; try again later"])
+    resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return resp
 
 
 async def list_studies(request: web.Request) -> web.Response:
@@ -224,7 +270,8 @@ async def openapi(request: web.Request) -> web.Response:
 
 def make_app(daemon: Daemon) -> web.Application:
     app = web.Application(
-        middlewares=[_auth, _size_limit], client_max_size=daemon.config.max_request_bytes
+        middlewares=[_auth, _size_limit, _disk_full],
+        client_max_size=daemon.config.max_request_bytes,
     )
     app[DAEMON] = daemon
     app[REGISTRY] = make_registry(daemon.collector())
@@ -304,6 +351,9 @@ OPENAPI: dict[str, Any] = {
                     "400": {"description": "invalid SLA: one message per problem"},
                     "409": {"description": "a different SLA has that name"},
                     "413": {"description": "body too large"},
+                    "415": {"description": "not a YAML body (Content-Type)"},
+                    "503": {"description": "validation busy or too slow; Retry-After"},
+                    "507": {"description": "the state directory's disk is full"},
                 },
             ),
             "get": _op("List SLAs with their promotion and study summary"),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from croniter import croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autotuner.core import paths
@@ -23,16 +24,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MAX_CRON_CHARS = 200  # a longer expression is no schedule anyone means
+
+
 def check_cron(value: str) -> str:
-    """A five-field cron expression (minute hour day month weekday), local time."""
-    if len(value.split()) != 5 or not croniter.is_valid(value):
-        raise ValueError(f"not a 5-field cron expression: {value!r} (e.g. '0 2 * * *')")
+    """A five-field cron expression (minute hour day month weekday), local time, that fires.
+
+    An expression naming a date no month has (``0 0 30 2 *``) parses, but no re-check would
+    ever run and every attempt to plan one fails: it is refused here, where it comes in."""
+    if len(value) > MAX_CRON_CHARS or len(value.split()) != 5 or not croniter.is_valid(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise ValueError(f"not a 5-field cron expression: {shown!r} (e.g. '0 2 * * *')")
+    next_run(value, time.time())  # ValueError when it never fires
     return value
 
 
 def next_run(cron: str, after: float) -> float:
-    """The next time (Unix seconds) ``cron`` fires after ``after``, in local time."""
-    return float(croniter(cron, datetime.fromtimestamp(after).astimezone()).get_next(float))
+    """The next time (Unix seconds) ``cron`` fires after ``after``, in local time; ValueError
+    when it never does or is no cron expression."""
+    try:
+        start = datetime.fromtimestamp(after).astimezone()
+        return float(croniter(cron, start).get_next(float))
+    except CroniterBadDateError:
+        raise ValueError(
+            f"{cron!r} never fires: no date matches it (a day the month never has, such as "
+            "30 February?)"
+        ) from None
+    except (CroniterError, OverflowError) as exc:
+        raise ValueError(f"{cron!r}: {exc}") from None
 
 
 class Webhook(_Strict):

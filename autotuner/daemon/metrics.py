@@ -28,6 +28,8 @@ ALERT_KINDS = (
     "job_failed",
     "engine_changed",
     "spool_rejected",
+    "schedule_failed",
+    "disk_full",
 )
 TRIAL_STATES = ("COMPLETE", "FAIL", "PRUNED", "RUNNING", "WAITING")
 
@@ -52,14 +54,22 @@ METRIC_NAMES = (
     "autotuner_device_leased",
     "autotuner_daemon_start_time_seconds",
     "autotuner_spool_rejected_total",
+    "autotuner_state_disk_full",
 )
 
 
 class StoreCollector(Collector):
-    def __init__(self, store: Store, leases: Callable[[], dict[str, Any]], started: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        leases: Callable[[], dict[str, Any]],
+        started: float,
+        disk_full: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.store = store
         self.leases = leases
         self.started = started
+        self.disk_full = disk_full  # the daemon's, not the store's: the store can't say it
 
     def collect(self) -> Iterator[Metric]:
         s = self.store
@@ -208,6 +218,11 @@ class StoreCollector(Collector):
             "autotuner_daemon_start_time_seconds",
             "Unix time the daemon started",
             value=self.started,
+        )
+        yield GaugeMetricFamily(
+            "autotuner_state_disk_full",
+            "1 while writes under the state directory fail for lack of space (new work refused)",
+            value=1.0 if self.disk_full() else 0.0,
         )
 
 

@@ -58,7 +58,12 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     summary["sla_met"] = _sla_met(met, fields.get("promotion"), current, row.summary, job.engine)
     d.store.update_sla(job.sla, **fields)
     if row.next_check is None:
-        d.store.update_sla(job.sla, next_check=next_run(row.schedule, time.time()))
+        try:
+            first = next_run(row.schedule, time.time())
+        except ValueError:  # a schedule that never fires: the schedule tick reports it
+            first = None
+        if first is not None:
+            d.store.update_sla(job.sla, next_check=first)
     return {"promotion": found, "summary": summary}
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import ipaddress
 import logging
 import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +34,7 @@ from autotuner.core.procs import set_parent_death_signal
 from autotuner.daemon import (
     alerts,
     confine,
+    diskfull,
     ending,
     engine_checks,
     jobs,
@@ -41,11 +44,13 @@ from autotuner.daemon import (
     watch,
 )
 from autotuner.daemon.config import ConfigError, DaemonConfig, check_cron, next_run
+from autotuner.daemon.diskfull import DiskFull
 from autotuner.daemon.errors import AlreadyRunning, SubmitError, UnknownJobKind
 from autotuner.daemon.forgotten import refuse_forgotten
 from autotuner.daemon.hostlocks import DeviceBusy, HostLocks, default_lock_dir
 from autotuner.daemon.leases import GpuView, LeaseError, Leases, our_pids
 from autotuner.daemon.metrics import StoreCollector
+from autotuner.daemon.offload import ParseSlots
 from autotuner.daemon.store import Job, SlaRow, Store
 from autotuner.engines import envs
 from autotuner.records.daemon import DaemonInfo
@@ -53,6 +58,12 @@ from autotuner.sla.spec import Sla, SlaError, TuneSpec, parse_sla
 
 logger = logging.getLogger(__name__)
 STOP_GRACE_S = 90.0  # a job's engines need ~10 s to stop; tune writes its state on the way
+# Validations at once (CPU-bound under the GIL: more would only share one core and the memory
+# of a parsed 1 MiB SLA) and callers that may wait for one.
+PARSE_SLOTS = 2
+MAX_WAITING_PARSES = 128
+DISK_PROBE_S = 10.0  # while the state disk is full: how often a probe write tries again
+DISK_ALERT_EVERY_S = 3600.0  # a disk that fills again within this raises no new alert
 
 
 @dataclass
@@ -131,6 +142,15 @@ class Daemon:
         self.stopping = False
         self.wake = asyncio.Event()
         self.url = ""
+        self.parses = ParseSlots(PARSE_SLOTS, MAX_WAITING_PARSES)  # the API's and the spool's
+        self.disk_full: DiskFull | None = None  # writes under the state dir fail for space
+        self._disk_alerted = float("-inf")
+        # Writes that failed for lack of space, redone in order once a probe write succeeds.
+        self._deferred: list[tuple[str, Callable[[], object]]] = []
+        self.memory_alerts: dict[int, dict[str, Any]] = {}  # alerts the store could not take
+        self.deliverer: alerts.Deliverer | None = None  # while run_loops runs
+        self._bad_schedules: dict[str, str] = {}  # SLA -> schedule already reported broken
+        self._loop_error = ""  # the last error a step of the loop survived (logged once)
         for sub in ("spool", "spool/done", "spool/failed", "logs", "slas", "studies", "runs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -158,21 +178,31 @@ class Daemon:
             if job.pid is not None and _same_process(job.pid, job.pid_start):
                 logger.info("job %d: process %d outlived its daemon; stopping it", job.id, job.pid)
                 _kill_session(job.pid, grace_s=STOP_GRACE_S)
-            if job.attempts >= self.config.max_attempts:
-                self.store.finish(job.id, "failed", error="interrupted by daemon crashes too often")
-                self.alert(
-                    "job_failed",
-                    job.sla,
-                    "warning",
-                    f"job {job.id} ({job.kind}) was interrupted by daemon crashes too often",
-                    {"job": job.id},
-                )
-                continue
-            self.store.requeue(job.id, error="interrupted: the daemon stopped while it ran")
-            back.append(job.id)
+            try:
+                if self._recover_one(job):
+                    back.append(job.id)
+            except Exception as exc:
+                if not self.note_disk_error(exc, f"re-queueing job {job.id}"):
+                    raise
+                self._defer(f"re-queue job {job.id}", functools.partial(self._recover_one, job))
         if back:
             logger.info("re-queued interrupted jobs: %s", back)
         return back
+
+    def _recover_one(self, job: Job) -> bool:
+        """Re-queue one job a previous daemon left running; False when it failed instead."""
+        if job.attempts >= self.config.max_attempts:
+            self.store.finish(job.id, "failed", error="interrupted by daemon crashes too often")
+            self.alert(
+                "job_failed",
+                job.sla,
+                "warning",
+                f"job {job.id} ({job.kind}) was interrupted by daemon crashes too often",
+                {"job": job.id},
+            )
+            return False
+        self.store.requeue(job.id, error="interrupted: the daemon stopped while it ran")
+        return True
 
     def write_address(self, host: str, port: int) -> None:
         """Record where the API listens: ``bind`` is the address it is bound to, ``url`` the
@@ -182,7 +212,11 @@ class Daemon:
         self.bind = _host_port(host or "0.0.0.0", port)
         self.url = f"http://{_host_port('127.0.0.1' if wildcard else host, port)}"
         info = DaemonInfo(url=self.url, bind=self.bind, pid=os.getpid(), started=self.started)
-        atomic_write_text(self.root / "daemon.json", info.to_json(indent=None) + "\n")
+        try:
+            atomic_write_text(self.root / "daemon.json", info.to_json(indent=None) + "\n")
+        except OSError as exc:  # a full disk: serve anyway (clients may pass --url)
+            if not self.note_disk_error(exc, "writing daemon.json"):
+                raise
         where = " (every interface)" if wildcard else ""
         logger.info("autotuner daemon listening on %s%s (state: %s)", self.bind, where, self.root)
         if not _loopback(host):
@@ -255,6 +289,15 @@ class Daemon:
     def register(self, sub: Submission, *, priority: int = 0) -> dict[str, Any]:
         """Register a prepared submission and queue its first tune (on the event loop)."""
         check_priority(priority)
+        self.refuse_if_full()
+        try:
+            return self._register(sub, priority)
+        except Exception as exc:
+            if self.note_disk_error(exc, f"registering {sub.sla.name}"):
+                raise SubmitError(507, [self.full_message()]) from None
+            raise
+
+    def _register(self, sub: Submission, priority: int) -> dict[str, Any]:
         sla, text, source, engine, pinned = sub.sla, sub.text, sub.source, sub.engine, sub.pinned
         schedule = sub.schedule
         existing = self.store.get_sla(sla.name)
@@ -389,14 +432,18 @@ class Daemon:
         return self.store.job(job_id)
 
     def list_alerts(self, limit: int = 100) -> list[dict[str, Any]]:
-        return self.store.alerts(limit=limit)
+        """Newest first: alerts kept in memory (the disk is full) before the stored ones."""
+        held = sorted(self.memory_alerts.values(), key=lambda a: a["id"])[:limit]
+        return held + self.store.alerts(limit=limit - len(held)) if limit > len(held) else held
 
     def list_engines(self) -> dict[str, dict[str, Any]]:
         return self.store.engines()
 
     def collector(self) -> StoreCollector:
         """The Prometheus collector of this daemon's state (read at scrape time)."""
-        return StoreCollector(self.store, self.leases.snapshot, self.started)
+        return StoreCollector(
+            self.store, self.leases.snapshot, self.started, lambda: self.disk_full is not None
+        )
 
     # ------------------------------------------------------------------ the job loop
     async def dispatch(self) -> None:
@@ -406,43 +453,79 @@ class Daemon:
         self.waiting.clear()
         ours = our_pids() if self.leases.gpus is not None else set()
         for job in self.store.queued(time.time()):
-            row = self.store.get_sla(job.sla)
-            if row is None:
-                self.store.finish(job.id, "cancelled", error="its SLA was deleted")
-                continue
+            if self.disk_full is not None:
+                break
             try:
-                kind = kinds.get(job.kind)
-            except UnknownJobKind as exc:
-                self.store.finish(job.id, "failed", error=str(exc))
-                continue
-            try:
-                wanted = self._devices(row) if kind.leases_devices(self.config) else []
-            except (SlaError, LeaseError) as exc:
-                self.store.finish(job.id, "failed", error=str(exc))
-                self.alert("job_failed", job.sla, "warning", f"job {job.id}: {exc}", {})
-                continue
-            why = self.leases.available(wanted, ours)
-            if why is not None:
-                self.waiting[job.id] = why
-                continue
-            why_not = kind.cannot_run(row)
-            if why_not is not None:
-                self.store.finish(job.id, "cancelled", error=why_not)
-                continue
-            argv = kind.argv(self, job, row)
-            try:  # before the claim: another daemon on the host may have taken a device
-                self.leases.acquire(wanted, job.id)
-            except DeviceBusy as exc:
-                self.waiting[job.id] = str(exc)
-                continue
-            if not self.store.claim(job.id):
-                self.leases.release(job.id, used=False)
-                continue
-            try:
-                await self._start(job, argv, wanted)
-            except OSError as exc:
-                self.leases.release(job.id)
-                self.store.finish(job.id, "failed", error=f"could not start: {exc}")
+                await self._dispatch_one(job, ours)
+            except Exception as exc:  # this job's bookkeeping failed: the job, not the loop
+                if not self.note_disk_error(exc, f"starting job {job.id}"):
+                    logger.exception("job %d: could not be started", job.id)
+                    self._fail_job(job, f"could not be started: internal error: {exc!r}")
+        if self.disk_full is not None:  # a job's log, study and outcome need the disk
+            for job in self.store.queued(time.time()):
+                self.waiting[job.id] = self.full_message()
+
+    async def _dispatch_one(self, job: Job, ours: set[int]) -> None:
+        row = self.store.get_sla(job.sla)
+        if row is None:
+            self.store.finish(job.id, "cancelled", error="its SLA was deleted")
+            return
+        try:
+            kind = kinds.get(job.kind)
+        except UnknownJobKind as exc:
+            self.store.finish(job.id, "failed", error=str(exc))
+            return
+        try:
+            wanted = self._devices(row) if kind.leases_devices(self.config) else []
+        except (SlaError, LeaseError) as exc:
+            self.store.finish(job.id, "failed", error=str(exc))
+            self.alert("job_failed", job.sla, "warning", f"job {job.id}: {exc}", {})
+            return
+        why = self.leases.available(wanted, ours)
+        if why is not None:
+            self.waiting[job.id] = why
+            return
+        why_not = kind.cannot_run(row)
+        if why_not is not None:
+            self.store.finish(job.id, "cancelled", error=why_not)
+            return
+        argv = kind.argv(self, job, row)
+        try:  # before the claim: another daemon on the host may have taken a device
+            self.leases.acquire(wanted, job.id)
+        except DeviceBusy as exc:
+            self.waiting[job.id] = str(exc)
+            return
+        try:
+            claimed = self.store.claim(job.id)
+        except BaseException:
+            self.leases.release(job.id, used=False)
+            raise
+        if not claimed:
+            self.leases.release(job.id, used=False)
+            return
+        try:
+            await self._start(job, argv, wanted)
+        except Exception as exc:
+            self.leases.release(job.id)
+            if self.note_disk_error(exc, f"starting job {job.id}"):
+                # claimed but never started: back to the queue once there is space again
+                self._defer(f"re-queue job {job.id}", lambda: self._unclaim(job.id))
+                return
+            if not isinstance(exc, OSError):
+                logger.exception("job %d: could not be started", job.id)
+            self._fail_job(job, f"could not start: {exc}")
+
+    def _unclaim(self, job_id: int) -> None:
+        self.store.undo_attempt(job_id)
+        self.store.requeue(job_id, error="not started: the state directory's disk was full")
+
+    def _fail_job(self, job: Job, why: str) -> None:
+        """Fail one job whose own handling went wrong, and say so (job_failed)."""
+        self.leases.release(job.id, used=False)
+        self.store.finish(job.id, "failed", error=why)
+        self.alert(
+            "job_failed", job.sla, "warning", f"job {job.id} ({job.kind}) {why}", {"job": job.id}
+        )
 
     def _devices(self, row: SlaRow) -> list[str]:
         """The devices an SLA's jobs lease; parsed once per SLA text (dispatch runs every
@@ -481,30 +564,58 @@ class Daemon:
             start_new_session=True,
             preexec_fn=set_parent_death_signal,
         )
+        # From here on the process runs: it is watched whatever the bookkeeping below does.
+        run = Running(job, proc, devices, log)
+        self.running[job.id] = run
+        asyncio.get_running_loop().create_task(self._watch(run))
+        logger.info(
+            "job %d (%s %s on %s) started: pid %d", job.id, job.kind, job.sla, job.engine, proc.pid
+        )
         try:
             born = psutil.Process(proc.pid).create_time()
         except psutil.Error:  # already gone (it failed at once): its exit is handled below
             born = time.time()
-        self.store.set_pid(job.id, proc.pid, born)
-        fresh = self.store.job(job.id)
-        assert fresh is not None
-        run = Running(fresh, proc, devices, log)
-        self.running[job.id] = run
-        logger.info(
-            "job %d (%s %s on %s) started: pid %d", job.id, job.kind, job.sla, job.engine, proc.pid
-        )
-        asyncio.get_running_loop().create_task(self._watch(run))
+        try:
+            self.store.set_pid(job.id, proc.pid, born)
+            run.job = self.store.job(job.id) or job
+        except Exception as exc:  # unrecorded, the PID only matters to a restart's clean-up
+            if not self.note_disk_error(exc, f"recording job {job.id}'s process"):
+                logger.exception("job %d: its process could not be recorded", job.id)
 
     async def _watch(self, run: Running) -> None:
         code = await run.proc.wait()
-        run.log.close()
+        with contextlib.suppress(OSError):
+            run.log.close()
         self.running.pop(run.job.id, None)
         self.leases.release(run.job.id)
+        self._record_end(run, code)
+        self.wake.set()
+
+    def _record_end(self, run: Running, code: int) -> None:
+        """Act on a job's end; a failure here fails that job (never the loop), and one for
+        lack of space is done again once there is space."""
+        job_id = run.job.id
         try:
             self._finished(run, code)
-        except Exception as exc:  # a bug in handling must not leave the job "running"
-            self.store.finish(run.job.id, "failed", exit_code=code, error=f"internal: {exc!r}")
-        self.wake.set()
+            return
+        except Exception as exc:
+            if self.note_disk_error(exc, f"recording how job {job_id} ended"):
+                self._defer(f"record how job {job_id} ended", lambda: self._finished(run, code))
+                return
+            logger.exception("job %d: handling its end failed", job_id)
+            error = f"internal: {exc!r}"
+        try:  # a bug in handling must not leave the job "running"
+            self.store.finish(job_id, "failed", exit_code=code, error=error)
+            self.alert(
+                "job_failed",
+                run.job.sla,
+                "warning",
+                f"job {job_id} ({run.job.kind}): handling its end failed: {error}",
+                {"job": job_id, "exit_code": code},
+            )
+        except Exception as exc:
+            if not self.note_disk_error(exc, f"recording how job {job_id} ended"):
+                logger.exception("job %d: could not be marked failed", job_id)
 
     def _finished(self, run: Running, code: int) -> None:
         job = self.store.job(run.job.id)
@@ -562,20 +673,49 @@ class Daemon:
         """Queue the nightly re-check (or tune, if nothing is promoted) of every SLA due."""
         queued = []
         for row in self.store.slas():
-            if row.next_check is None:
-                if row.promotion is not None:
-                    self.store.update_sla(row.name, next_check=next_run(row.schedule, now))
+            try:
+                job = self._tick_one(row, now)
+            except Exception as exc:  # this SLA's schedule fails, not the loop
+                if self.note_disk_error(exc, f"planning the re-check of {row.name}"):
+                    break
+                self._schedule_failed(row, exc)
                 continue
-            if row.next_check > now:
-                continue
-            self.store.update_sla(row.name, next_check=next_run(row.schedule, now))
-            if self.store.jobs(states=("queued", "running"), sla=row.name):
-                continue  # already busy: the next night will check again
-            if row.promotion is None:
-                queued.append(self.enqueue_tune(row.name, row.engine))
-            else:
-                queued.append(self.enqueue_recheck(row.name, row.promotion["engine"]))
+            self._bad_schedules.pop(row.name, None)
+            if job is not None:
+                queued.append(job)
         return queued
+
+    def _tick_one(self, row: SlaRow, now: float) -> int | None:
+        if row.next_check is None:
+            if row.promotion is not None:
+                self.store.update_sla(row.name, next_check=next_run(row.schedule, now))
+            return None
+        if row.next_check > now:
+            return None
+        self.store.update_sla(row.name, next_check=next_run(row.schedule, now))
+        if self.store.jobs(states=("queued", "running"), sla=row.name):
+            return None  # already busy: the next night will check again
+        if row.promotion is None:
+            return self.enqueue_tune(row.name, row.engine)
+        return self.enqueue_recheck(row.name, row.promotion["engine"])
+
+    def _schedule_failed(self, row: SlaRow, exc: Exception) -> None:
+        """Say once per schedule that an SLA's re-checks can't be planned (a schedule that
+        never fires, stored by an older daemon; a damaged row)."""
+        if self._bad_schedules.get(row.name) == row.schedule:
+            return
+        self._bad_schedules[row.name] = row.schedule
+        why = str(exc) or type(exc).__name__
+        if isinstance(exc, ValueError):
+            why = f"schedule {row.schedule!r}: {why}"
+        self.alert(
+            "schedule_failed",
+            row.name,
+            "warning",
+            f"{row.name}: its re-checks can't be planned ({why}); none is queued until it is "
+            "fixed: delete the SLA and submit it again with a valid schedule",
+            {"schedule": row.schedule, "error": why},
+        )
 
     # ------------------------------------------------------------------ delegated
     def _tune_done(self, job: Job, code: int) -> dict[str, Any]:
@@ -618,10 +758,101 @@ class Daemon:
     def alert(
         self, kind: str, sla: str, severity: str, summary: str, details: dict[str, Any]
     ) -> None:
-        self.store.add_alert(kind, sla, severity, summary, details)
         level = logging.INFO if severity == "info" else logging.WARNING
         logger.log(level, "ALERT %s %s: %s", severity, kind, summary)
+        try:
+            self.store.add_alert(kind, sla, severity, summary, details)
+        except Exception as exc:
+            if not diskfull.is_full(exc):
+                raise
+            # Sent from memory meanwhile, stored once there is space (see _disk_back).
+            alerts.memory_alert(self.memory_alerts, kind, sla, severity, summary, details)
+            self.note_disk_error(exc, "recording an alert")
         self.wake.set()
+
+    # ------------------------------------------------------------------ a full disk
+    def full_message(self) -> str:
+        full = self.disk_full
+        why = f" ({full.why})" if full is not None else ""
+        return (
+            f"the disk of the daemon's state directory {self.root} is full{why}: new work is "
+            "refused until space is freed"
+        )
+
+    def refuse_if_full(self) -> None:
+        """SubmitError 507 while writes under the state directory fail for lack of space."""
+        if self.disk_full is not None:
+            raise SubmitError(507, [self.full_message()])
+
+    def note_disk_error(self, exc: BaseException, doing: str) -> bool:
+        """Whether ``exc`` says the state directory's disk is full. The first time: the
+        daemon notes it (new work is refused, no job starts), logs it and raises a
+        ``disk_full`` alert (critical), which is sent even though the store can't keep it."""
+        if not diskfull.is_full(exc):
+            return False
+        if self.disk_full is not None:
+            return True
+        self.disk_full = DiskFull(f"{doing}: {diskfull.describe(exc)}", time.time())
+        logger.error("%s", self.full_message())
+        if time.time() - self._disk_alerted >= DISK_ALERT_EVERY_S:
+            self._disk_alerted = time.time()
+            self.alert(
+                "disk_full",
+                "",
+                "critical",
+                f"the disk of the daemon's state directory {self.root} is full ({doing}: "
+                f"{diskfull.describe(exc)}); new submissions are refused (HTTP 507) and no "
+                "job starts until space is freed",
+                {"state_dir": str(self.root), "error": diskfull.describe(exc)},
+            )
+        self.wake.set()
+        return True
+
+    def _defer(self, what: str, redo: Callable[[], object]) -> None:
+        self._deferred.append((what, redo))
+
+    def probe_disk(self) -> bool:
+        """While the disk is full: True (and what waited is done) once a probe write fits."""
+        if self.disk_full is None:
+            return True
+        try:
+            diskfull.probe(self.root)
+        except OSError as exc:
+            if not diskfull.is_full(exc):
+                logger.warning("disk probe in %s failed: %s", self.root, exc)
+            return False
+        logger.info("the disk of %s has space again", self.root)
+        self.disk_full = None
+        self._disk_back()
+        return self.disk_full is None
+
+    def _disk_back(self) -> None:
+        """Do the writes that waited for space, in order, then store the alerts kept in
+        memory (with their delivery state); stops where the disk is full again."""
+        while self._deferred:
+            what, redo = self._deferred[0]
+            try:
+                redo()
+            except Exception as exc:
+                if self.note_disk_error(exc, what):
+                    return
+                logger.exception("%s failed", what)
+            self._deferred.pop(0)
+        for key in sorted(self.memory_alerts, reverse=True):  # oldest first
+            a = self.memory_alerts[key]
+            try:
+                stored = self.store.add_alert(
+                    a["kind"], a["sla"], a["severity"], a["summary"], a["details"]
+                )
+                if a["delivered"] == 1:
+                    self.store.alert_sent(stored, True, next_try=0.0, error=None)
+                elif a["delivered"] == -1:
+                    self.store.give_up_alert(stored, str(a["last_error"]))
+            except Exception as exc:
+                if self.note_disk_error(exc, "storing the alerts kept in memory"):
+                    return
+                raise
+            del self.memory_alerts[key]
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -663,7 +894,12 @@ class Daemon:
                 }
                 for r in self.store.slas()
             ],
-            "alerts": self.store.alerts(limit=10),
+            "alerts": self.list_alerts(limit=10),
+            "disk": {
+                "full": self.disk_full is not None,
+                "why": self.disk_full.why if self.disk_full else None,
+                "since": self.disk_full.since if self.disk_full else None,
+            },
             "engines": self.store.engines(),
             "engine_checks": {n: engine_checks.summary(r) for n, r in self.engine_checks.items()},
             "spool": {
@@ -675,27 +911,62 @@ class Daemon:
     # ------------------------------------------------------------------ main loop
     async def run_loops(self) -> None:
         """Dispatch, schedules, engines, spool and alerts until ``stop()``."""
-        last_engines = last_spool = last_sched = 0.0
+        last_engines = last_spool = last_sched = last_probe = 0.0
         async with aiohttp.ClientSession() as session:
-            while not self.stopping:
-                now = time.monotonic()
-                if now - last_engines >= self.config.engine_poll_s:
-                    last_engines = now
-                    await self._scan_engines_safely()
-                idle = self._spool_scan is None or self._spool_scan.done()
-                if now - last_spool >= self.config.spool_poll_s and idle:
-                    last_spool = now  # a task: its parses never hold up dispatch or alerts
-                    self._spool_scan = asyncio.create_task(self._scan_spool_safely())
-                if now - last_sched >= 15.0:
-                    last_sched = now
-                    self.tick_schedules(time.time())
-                await self.dispatch()
-                await alerts.deliver_due(
-                    self.store, self.config.webhooks, session, self.config.external_url or self.url
-                )
-                self.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+            # Webhooks are posted beside the loop: one that never answers delays only alerts.
+            self.deliverer = alerts.Deliverer(
+                self.store,
+                self.config.webhooks,
+                session,
+                lambda: self.config.external_url or self.url,
+                unstored=self.memory_alerts,
+            )
+            try:
+                while not self.stopping:
+                    now = time.monotonic()
+                    if self.disk_full is not None and now - last_probe >= DISK_PROBE_S:
+                        last_probe = now
+                        self._survive("probing the disk", self.probe_disk)
+                    if now - last_engines >= self.config.engine_poll_s:
+                        last_engines = now
+                        await self._scan_engines_safely()
+                    idle = self._spool_scan is None or self._spool_scan.done()
+                    room = self.disk_full is None  # a full disk: files wait in the spool
+                    if now - last_spool >= self.config.spool_poll_s and idle and room:
+                        last_spool = now  # a task: its parses never hold up dispatch or alerts
+                        self._spool_scan = asyncio.create_task(self._scan_spool_safely())
+                    if now - last_sched >= 15.0 and room:
+                        last_sched = now
+                        self._survive(
+                            "planning re-checks", lambda: self.tick_schedules(time.time())
+                        )
+                    try:
+                        await self.dispatch()
+                    except Exception as exc:
+                        self._survived("starting jobs", exc)
+                    self._survive("queueing alerts", self.deliverer.kick)
+                    self.wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+            finally:
+                await self.deliverer.close()
+                self.deliverer = None
+
+    def _survive(self, what: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception as exc:
+            self._survived(what, exc)
+
+    def _survived(self, what: str, exc: Exception) -> None:
+        """A step of the loop failed: noted (the same error once, not every second), and
+        the loop goes on; a full disk is handled as such."""
+        if self.note_disk_error(exc, what):
+            return
+        seen = f"{what}: {exc!r}"
+        if seen != self._loop_error:
+            self._loop_error = seen
+            logger.error("%s failed (the daemon goes on): %r", what, exc, exc_info=exc)
 
     async def _scan_spool_safely(self) -> list[tuple[str, bool]]:
         try:

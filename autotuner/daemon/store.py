@@ -155,14 +155,47 @@ class SlaRow:
         return dict(self.__dict__)
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+# The columns that hold JSON, per table (with the column that names a row): each value is a
+# JSON object, or NULL where the schema allows it. A value that is not (an edited or damaged
+# row) is bad input: refused when the store opens, a StoreDamaged when read later.
+JSON_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "slas": ("name", ("promotion", "fallback", "summary")),
+    "jobs": ("id", ("args", "outcome")),
+    "alerts": ("id", ("details",)),
+    "verdicts": ("id", ("details",)),
+}
+
+
+class BadRow(StoreDamaged):
+    """A row whose JSON column does not hold a JSON object."""
+
+
+def _loads(text: Any, where: str) -> dict[str, Any] | None:
+    """A JSON column's value (None for NULL); BadRow unless it is a JSON object."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise BadRow(f"daemon.db: {where}: not valid JSON ({why})") from None
+    if not isinstance(value, dict):
+        found = type(value).__name__
+        raise BadRow(f"daemon.db: {where}: a JSON object was expected, found {found}")
+    return value
+
+
+def _object(text: Any, where: str) -> dict[str, Any]:
+    value = _loads(text, where)
+    if value is None:
+        raise BadRow(f"daemon.db: {where}: a JSON object was expected, found NULL")
+    return value
 
 
 def _job(row: sqlite3.Row) -> Job:
     d = dict(row)
-    d["args"] = json.loads(d["args"])
-    d["outcome"] = _loads(d["outcome"])
+    d["args"] = _object(d["args"], f"jobs row {d['id']}, column args")
+    d["outcome"] = _loads(d["outcome"], f"jobs row {d['id']}, column outcome")
     d["cancel_requested"] = bool(d["cancel_requested"])
     return Job(**d)
 
@@ -170,8 +203,15 @@ def _job(row: sqlite3.Row) -> Job:
 def _sla(row: sqlite3.Row) -> SlaRow:
     d = dict(row)
     for k in ("promotion", "fallback", "summary"):
-        d[k] = _loads(d[k])
+        d[k] = _loads(d[k], f"slas row {d['name']!r}, column {k}")
     return SlaRow(**d)
+
+
+def _details(row: sqlite3.Row, table: str) -> dict[str, Any]:
+    return {
+        **dict(row),
+        "details": _object(row["details"], f"{table} row {row['id']}, column details"),
+    }
 
 
 def _columns(db: sqlite3.Connection) -> dict[str, list[str]]:
@@ -212,6 +252,7 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a queued job survives a power cut too
             self._migrate()
+            self._check_rows()
         except sqlite3.DatabaseError as exc:
             self._db.close()
             if isinstance(exc, sqlite3.OperationalError):  # locked, read-only: not damage
@@ -220,6 +261,28 @@ class Store:
         except BaseException:
             self._db.close()
             raise
+
+    def _check_rows(self) -> None:
+        """Every JSON column holds what the daemon wrote there (a JSON object), or the store is
+        refused now, naming the rows, rather than failing later in the middle of its work."""
+        bad: list[str] = []
+        for table, (key, columns) in JSON_COLUMNS.items():
+            rows = self._db.execute(f"SELECT {key}, {', '.join(columns)} FROM {table}")
+            for row in rows:
+                for column in columns:
+                    where = f"{table} row {row[key]!r}, column {column}"
+                    read = _object if column in ("args", "details") else _loads
+                    try:
+                        read(row[column], where)
+                    except BadRow as exc:
+                        bad.append(str(exc).removeprefix("daemon.db: "))
+        if bad:
+            more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise BadRow(
+                f"the daemon database {self.path} has rows it can't use: {'; '.join(bad[:3])}"
+                f"{more}. Restore the file from a backup, or correct or delete those rows "
+                "(the daemon will not start on it)"
+            )
 
     def _damaged(self, why: str) -> StoreDamaged:
         return StoreDamaged(
@@ -463,18 +526,13 @@ class Store:
 
     def alerts(self, limit: int = 100) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT * FROM alerts ORDER BY id DESC LIMIT ?", (limit,))
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["details"] = json.loads(d["details"])  # delivered: 1 sent, 0 pending, -1 gave up
-            out.append(d)
-        return out
+        return [_details(r, "alerts") for r in rows]  # delivered: 1 sent, 0 pending, -1 gave up
 
     def undelivered(self, now: float) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT * FROM alerts WHERE delivered=0 AND next_try<=? ORDER BY id", (now,)
         )
-        return [{**dict(r), "details": json.loads(r["details"])} for r in rows]
+        return [_details(r, "alerts") for r in rows]
 
     def alert_sent(self, alert_id: int, ok: bool, *, next_try: float, error: str | None) -> None:
         with self._txn() as db:
@@ -538,7 +596,7 @@ class Store:
 
     def verdicts(self, limit: int = 100) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT * FROM verdicts ORDER BY id DESC LIMIT ?", (limit,))
-        return [{**dict(r), "details": json.loads(r["details"])} for r in rows]
+        return [_details(r, "verdicts") for r in rows]
 
     def latest_verdicts(self) -> list[dict[str, Any]]:
         """The newest verdict per (SLA, old engine, new engine)."""

