@@ -21,6 +21,27 @@ from autotuner.core.errors import EXIT_CODES
 
 DEBUG_HELP = "on an internal error, print the traceback instead of writing it to a file"
 
+# Counts given on the command line, bounded as the SLA schema's tune.trials and the daemon
+# config's regression.replicates (tests/unit/cli compares them): a typo is exit 2, not a run
+# that never ends.
+MAX_TRIALS = 10_000
+MAX_REPLICATES = 20
+
+
+def _int_within(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high:,}, got {value}")
+        return value
+
+    return parse
+
 
 def _epilog() -> str:
     codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
@@ -78,10 +99,14 @@ def _add_tune(sub: Any) -> None:
     t = sub.add_parser("tune", help="search, confirm and promote the best config for an SLA")
     t.add_argument("sla", help="SLA file (YAML)")
     t.add_argument("--trials-dir", default="trials", help="studies live here (default: trials)")
-    t.add_argument("--trials", type=int, help="launch budget (default: the SLA's tune.trials)")
+    t.add_argument(
+        "--trials",
+        type=_int_within(1, MAX_TRIALS),
+        help=f"launch budget, 1 to {MAX_TRIALS:,} (default: the SLA's tune.trials)",
+    )
     t.add_argument(
         "--extra-trials",
-        type=int,
+        type=_int_within(0, MAX_TRIALS),
         default=0,
         metavar="N",
         help="re-tune: allow N launches beyond those the study has already counted",
@@ -187,7 +212,12 @@ def _add_compare_engines(sub: Any) -> None:
     ce.add_argument("--bundle", required=True, help="promoted bundle directory")
     ce.add_argument("--old", required=True, help="registered engine environment (reference)")
     ce.add_argument("--new", required=True, help="registered engine environment to check")
-    ce.add_argument("--replicates", type=int, default=3, help="launches per engine (default 3)")
+    ce.add_argument(
+        "--replicates",
+        type=_int_within(1, MAX_REPLICATES),
+        default=3,
+        help=f"launches per engine, 1 to {MAX_REPLICATES} (default 3)",
+    )
     ce.add_argument(
         "--min-effect", type=float, default=0.05, help="smallest relative change (default 0.05)"
     )

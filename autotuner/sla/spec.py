@@ -17,6 +17,7 @@ is a sub-path below the validator's own location and ``ctx["more"]`` carries fur
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ _PERCENTILE_SHAPE_RE = re.compile(r"^p(?P<q>\d+(?:\.\d+)?)_(?P<base>[a-z0-9]+)_m
 
 _COMMON_PERCENTILES = ("50", "90", "95", "99", "99.9")
 
+# The finest percentile is p99.999: a finer one (p99.99999999999) needs more requests per level
+# than any load level sends, and more than the confidence bounds can be computed for.
+MAX_PERCENTILE_DECIMALS = 3
+
 DEFAULT_DATASET_OUTPUT_TOKENS = 128
 """Output length for dataset rows that carry no ``output_tokens`` of their own."""
 
@@ -84,10 +89,26 @@ def _canonical_q(q: str) -> str:
     return text
 
 
+def percentile_problem(q: str) -> str | None:
+    """Why the ``q`` of ``p<q>_..._ms`` is no percentile a run can measure (None: it is one):
+    outside (0, 100], or more than ``MAX_PERCENTILE_DECIMALS`` decimals."""
+    if not 0 < Decimal(q) <= 100:
+        return f"percentile must be in (0, 100], got {_canonical_q(q)}"
+    decimals = len(_canonical_q(q).partition(".")[2])
+    if decimals > MAX_PERCENTILE_DECIMALS:
+        return (
+            f"percentile {_canonical_q(q)} has {decimals} decimals; at most "
+            f"{MAX_PERCENTILE_DECIMALS} (p50 to p99.999): a finer one needs more requests per "
+            "load level than a run can send"
+        )
+    return None
+
+
 def parse_percentile_metric(name: str) -> tuple[float, str] | None:
-    """``"p99.9_ttft_ms"`` -> ``(99.9, "ttft")``; None unless a valid percentile metric."""
+    """``"p99.9_ttft_ms"`` -> ``(99.9, "ttft")``; None unless a valid percentile metric
+    (``percentile_problem``: 0 < q <= 100, at most three decimals)."""
     m = PERCENTILE_METRIC_RE.match(name)
-    if m is None:
+    if m is None or percentile_problem(m["q"]) is not None:
         return None
     q = float(m["q"])
     if not 0 < q <= 100:
@@ -106,7 +127,8 @@ def canonical_metric(name: str) -> str | None:
 
 
 def is_known_metric(name: str) -> bool:
-    """True for scalar metrics and for ``p<q>_<ttft|tpot|itl|e2e>_ms`` with 0 < q <= 100."""
+    """True for scalar metrics and for ``p<q>_<ttft|tpot|itl|e2e>_ms`` with 0 < q <= 100 and
+    at most three decimals."""
     return canonical_metric(name) is not None
 
 
@@ -167,6 +189,20 @@ def _is_number(value: Any) -> bool:
 MAX_TOKENS = 10_000_000
 MAX_SECONDS = 7 * 24 * 3600.0
 MAX_REQUESTS = 10_000_000
+
+# What one launch may cost, checked before anything runs (objectives/README.md, "Bounds"). A
+# load level sends its requests within MAX_LEVEL_S (its planned duration, see
+# ``planned_level``; the first level, at the SLA's own rate, is the longest) and keeps at most
+# MAX_LEVEL_REQUESTS requests with their timings in memory.
+MAX_LEVEL_S = 3600.0
+MAX_LEVEL_REQUESTS = 100_000
+MAX_WARMUP_REQUESTS = 1_000
+MAX_CONCURRENCY = 10_000  # a closed loop's requests in flight: a task and a connection each
+MIN_RATE = 0.001  # req/s, and a trace's replay speed: a level's duration divides by it
+MAX_REQUEST_TIMEOUT_S = 3600.0  # also the longest a level waits for its last requests
+MAX_STARTUP_S = 6 * 3600.0  # an engine start that never answers holds its devices this long
+MAX_TURNS = 1_000  # turns of one conversation, each resending the whole history
+MAX_GRID_POINTS = 10_000  # launches of a grid study; Optuna lists every point in memory
 
 # Validation context key: {id(input dict): allowed field names}, filled by _Strict so that
 # "unknown key" errors can suggest the closest field of the right model.
@@ -324,7 +360,7 @@ class EngineSpec(_Strict):
     args: list[CliWord] = Field(default_factory=list)
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
     params: dict[ParamKey, ParamValue] = Field(default_factory=dict)
-    startup_timeout_s: float = Field(default=900.0, gt=0, le=MAX_SECONDS)
+    startup_timeout_s: float = Field(default=900.0, gt=0, le=MAX_STARTUP_S)
 
     @field_validator("name")
     @classmethod
@@ -527,28 +563,28 @@ class PoissonArrival(_Strict):
     """Open loop: exponential gaps, ``rate`` requests per second on average."""
 
     process: Literal["poisson"]
-    rate: float = Field(gt=0)
+    rate: float = Field(ge=MIN_RATE)
 
 
 class ConstantArrival(_Strict):
     """Open loop: one request every ``1/rate`` seconds."""
 
     process: Literal["constant"]
-    rate: float = Field(gt=0)
+    rate: float = Field(ge=MIN_RATE)
 
 
 class ConcurrencyArrival(_Strict):
     """Closed loop: keep ``concurrency`` requests in flight."""
 
     process: Literal["concurrency"]
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
 
 
 class TraceArrival(_Strict):
     """Open loop: the times of ``workload.trace``, replayed ``speed`` times as fast."""
 
     process: Literal["trace"]
-    speed: float = Field(default=1.0, gt=0, le=1e6)
+    speed: float = Field(default=1.0, ge=MIN_RATE, le=1e6)
 
 
 Arrival = Annotated[
@@ -573,7 +609,7 @@ class Conversation(_Strict):
     the previous answer arrived. The arrival rate stays requests per second: conversations
     start at ``rate / turns``."""
 
-    turns: int = Field(ge=1, le=MAX_REQUESTS)
+    turns: int = Field(ge=1, le=MAX_TURNS)
     think_time_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
 
 
@@ -598,12 +634,12 @@ class Workload(_Strict):
     shared_prefix: SharedPrefix | None = None
     conversation: Conversation | None = None
     arrival: Arrival
-    requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
-    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
-    warmup_requests: int = Field(default=0, ge=0, le=MAX_REQUESTS)
+    requests: int | None = Field(default=None, ge=1, le=MAX_LEVEL_REQUESTS)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)  # see _planned_level
+    warmup_requests: int = Field(default=0, ge=0, le=MAX_WARMUP_REQUESTS)
     seed: int = Field(default=0, ge=0, le=2**32 - 1)  # numpy seeds are unsigned 32-bit
-    timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
-    request_timeout_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS)
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_LEVEL_S)
+    request_timeout_s: float = Field(default=300.0, gt=0, le=MAX_REQUEST_TIMEOUT_S)
 
     @field_validator("dataset", "trace")
     @classmethod
@@ -650,8 +686,9 @@ def _constraint_target(key: str) -> tuple[str, Literal["max", "min"]]:
         return _FIXED_CONSTRAINTS[key]
     shape = _PERCENTILE_SHAPE_RE.match(key)
     if shape is not None and shape["base"] in LATENCY_METRICS:
-        if not 0 < Decimal(shape["q"]) <= 100:
-            raise _fail(f"percentile must be in (0, 100], got {_canonical_q(shape['q'])}")
+        problem = percentile_problem(shape["q"])
+        if problem is not None:
+            raise _fail(problem)
         return f"p{_canonical_q(shape['q'])}_{shape['base']}_ms", "max"
     vocabulary = list(_FIXED_CONSTRAINTS)
     m = re.match(r"^p(\d+(?:\.\d+)?)", key)
@@ -746,6 +783,9 @@ def _checked_metric(metric: Any, at: str) -> str:
     if not isinstance(metric, str):
         raise _fail(f"must be a metric name, got {_show(metric)}", at)
     canonical = canonical_metric(metric)
+    shape = PERCENTILE_METRIC_RE.match(metric)
+    if canonical is None and shape is not None and (problem := percentile_problem(shape["q"])):
+        raise _fail(problem, at)
     if canonical is None:
         raise _fail(f"unknown metric {metric!r}{_suggest(metric, _metric_vocabulary())}", at)
     return canonical
@@ -780,7 +820,7 @@ class TuneSpec(_Strict):
     # Per-level confidence of a percentile verdict (meets / misses / undecided).
     confidence: float = Field(default=0.95, ge=0.5, le=0.999)
     # Levels grow to the requests their percentile needs, up to this many.
-    max_requests_per_level: int = Field(default=600, ge=1, le=MAX_REQUESTS)
+    max_requests_per_level: int = Field(default=600, ge=1, le=MAX_LEVEL_REQUESTS)
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
     # Profile the promoted config and the baseline with the engine's own profiler (one more
     # launch each, after the search) for the bundle's kernel breakdown; null: on for GPUs.
@@ -802,6 +842,120 @@ class TuneSpec(_Strict):
                 f"not a database URL: {v!r} (e.g. sqlite:///study.db, postgresql://host/db)"
             ) from None
         return v
+
+
+# --------------------------------------------------------------------------- what a run costs
+
+_TIE = 1e-12  # as autotuner.measure.quantile: a sum this close to the confidence reaches it
+
+
+def percentile_requests(p: float, confidence: float) -> int:
+    """The fewest requests with which a level can show its p-quantile (0 < p < 1) met at
+    ``confidence``: the least n with 1 - p**n >= confidence (the level's maximum is then the
+    quantile's upper confidence bound). The closed form of
+    ``autotuner.measure.quantile.requests_needed`` without exceedances (a test keeps the two
+    equal), here so that the schema knows how many requests a level sends."""
+    target = 1 - confidence + _TIE
+    n = max(1, math.ceil(math.log(target) / math.log(p)))
+    while n > 1 and p ** (n - 1) <= target:
+        n -= 1
+    while p**n > target:
+        n += 1
+    return n
+
+
+def level_requests(sla: Sla) -> tuple[int | None, int, str | None]:
+    """``(requests, needed, hardest)``: the requests each load level sends (None: the
+    workload's ``duration_s``, or a trace replayed once, bounds a level), the fewest its
+    hardest percentile limit needs (0: none) and that constraint's key. As
+    ``autotuner.measure.levels.level_size``: ``workload.requests``, raised to what the
+    highest constrained percentile needs, up to ``tune.max_requests_per_level``."""
+    needed, hardest = 0, None
+    for c in sla.constraints:
+        parsed = parse_percentile_metric(c.metric)
+        if parsed is None or c.bound != "max" or parsed[0] >= 100:
+            continue
+        n = percentile_requests(parsed[0] / 100, sla.tune.confidence)
+        if n > needed:
+            needed, hardest = n, c.key
+    base = sla.workload.requests
+    if base is None:
+        return None, needed, hardest
+    cap = sla.tune.max_requests_per_level
+    return min(max(base, needed), max(base, cap)), needed, hardest
+
+
+def span(seconds: float) -> str:
+    """A duration for messages: ``299000`` -> ``83.1 h (299,000 s)``, ``90`` -> ``90 s``."""
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    unit, size = ("min", 60) if seconds < 3600 else ("h", 3600)
+    if seconds >= 3 * 86400:
+        unit, size = "days", 86400
+    head = f"{seconds / size:.3g} {unit}"
+    return f"{head} ({seconds:,.0f} s)" if seconds < 1e9 else head
+
+
+def _count(n: int) -> str:
+    """A count for messages, without writing out a number of thousands of digits."""
+    return f"{n:,}" if n < 10**15 else f"about 10^{math.floor(math.log10(n))}"
+
+
+def grid_points(search: SearchSpec) -> int:
+    """Points of a grid study over ``search.params``: the product of the sizes of their
+    ``values`` lists, counted without listing the points (the baseline is one launch more)."""
+    return math.prod(len(o.values) for o in search.params.values() if o.values is not None)
+
+
+def _planned_level(sla: Sla) -> tuple[str, KeyPath] | None:
+    """Why the longest load level of a launch would take more than ``MAX_LEVEL_S``, and where
+    (None: it fits, or only a data file or the engine's pace can tell; see the trace check
+    of ``_missing_files``).
+
+    The first level, at the SLA's own rate, is the longest (the capacity search never goes
+    below that rate): its requests at that rate (at most ``duration_s``), plus the think time
+    of the last conversation's later turns. A request still running after that gets up to
+    ``workload.request_timeout_s`` more."""
+    w = sla.workload
+    rate: float | None = getattr(w.arrival, "rate", None)
+    count, needed, hardest = level_requests(sla)
+    send = count / rate if rate is not None and count is not None else None
+    by_duration = w.duration_s is not None and (send is None or w.duration_s < send)
+    if by_duration:
+        assert w.duration_s is not None
+        send = w.duration_s
+    if send is None:
+        return None
+    conv = w.conversation
+    turns, pause = (conv.turns, conv.think_time_s) if conv is not None else (1, 0.0)
+    think = (turns - 1) * pause
+    total = send + think
+    if total <= MAX_LEVEL_S:
+        return None
+    at: KeyPath
+    if by_duration:
+        what = f"workload.duration_s {send:g} s"
+        hint, at = "shorten workload.duration_s", ("workload", "duration_s")
+    else:
+        assert count is not None and rate is not None
+        what = f"{count:,} requests at {rate:g} req/s"
+        if w.requests is not None and count > w.requests and hardest is not None:
+            what += f" ({hardest} at {sla.tune.confidence:.0%} confidence needs {needed:,})"
+            hint = f"raise the rate or constrain a lower percentile than {hardest}"
+        else:
+            hint = "raise the rate or lower workload.requests"
+        hint += " (or end each level with workload.duration_s)"
+        at = ("workload", "arrival", "rate")
+    if think:
+        what += f" in {send:,.0f} s, then {turns - 1} later turns x {pause:g} s of think time"
+        if think > send:
+            hint = "shorten workload.conversation.think_time_s or the conversations"
+            at = ("workload", "conversation", "think_time_s")
+    return (
+        f"a load level is planned to take {span(total)}: {what}; a level may take at most "
+        f"{span(MAX_LEVEL_S)}: {hint}",
+        at,
+    )
 
 
 # --------------------------------------------------------------------------- the SLA
@@ -927,6 +1081,27 @@ class Sla(_Strict):
                 "tune",
                 "sampler",
             )
+        points = grid_points(self.search) if self.tune.sampler == "grid" else 0
+        if points > MAX_GRID_POINTS:
+            sizes = " x ".join(
+                f"{len(o.values)} {name}"
+                for name, o in self.search.params.items()
+                if o.values is not None and len(o.values) > 1
+            )
+            raise _fail(
+                f"the grid has {_count(points)} points ({sizes} values), more than the "
+                f"{MAX_GRID_POINTS:,} launches a grid study may make: list fewer values, or "
+                "let a sampler choose among them (tune.sampler: auto)",
+                "tune",
+                "sampler",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _level_fits(self) -> Sla:
+        planned = _planned_level(self)
+        if planned is not None:
+            raise _fail(planned[0], *planned[1])
         return self
 
     @property
@@ -1210,7 +1385,41 @@ def _missing_files(sla: Sla, located: Located) -> list[Problem]:
             problems.append(Problem(located.line_of(at), _dotted(at), msg))
     if not problems:
         problems += _length_problems(sla, located)
+        problems += _trace_level_problems(sla, located)
     return problems
+
+
+def _trace_level_problems(sla: Sla, located: Located) -> list[Problem]:
+    """A replayed trace's level past ``MAX_LEVEL_S`` (``_planned_level`` for a trace): the
+    level's requests, the trace repeated after its span as often as they need, at
+    ``arrival.speed`` x the trace's pace; ``duration_s`` ends it sooner (checked there)."""
+    w = sla.workload
+    if w.trace is None or not isinstance(w.arrival, TraceArrival):
+        return []
+    from autotuner.workload.datafiles import DataFileError
+    from autotuner.workload.traces import read_trace
+
+    try:
+        trace = read_trace(sla.resolve_path(w.trace), w.trace_format, w.trace_block_tokens)
+    except (DataFileError, OSError):
+        return []  # reported by file_problems
+    records = trace.records
+    n = len(records)
+    count = level_requests(sla)[0] or n
+    send = ((count - 1) // n * trace.span_s + records[(count - 1) % n].time_s) / w.arrival.speed
+    if send <= MAX_LEVEL_S or (w.duration_s is not None and w.duration_s <= send):
+        return []
+    where: KeyPath = ("workload", "arrival", "speed")
+    return [
+        Problem(
+            located.line_of(where),
+            "workload.arrival.speed",
+            f"a load level is planned to take {span(send)}: {count:,} requests of the trace "
+            f"({len(records):,} records over {span(trace.span_s)}) replayed at "
+            f"{w.arrival.speed:g}x; a level may take at most {span(MAX_LEVEL_S)}: raise the "
+            "speed or lower workload.requests (or end each level with workload.duration_s)",
+        )
+    ]
 
 
 def _longest(count: Any) -> int | None:

@@ -359,7 +359,7 @@ def test_check_exits_2_naming_the_data_file_line(
             "exactly one of 'input_tokens', 'dataset' or 'trace'",
         ),
         ("{input_tokens: 5, output_tokens: 1, arrival: {process: trace}}", "a trace goes with"),
-        ("{trace: t.csv, arrival: {process: trace, speed: 0}}", "must be > 0"),
+        ("{trace: t.csv, arrival: {process: trace, speed: 0}}", "must be >= 0.001"),
         ("{trace: t.csv, trace_format: parquet, arrival: {process: trace}}", "one of auto"),
     ],
 )

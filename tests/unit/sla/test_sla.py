@@ -332,7 +332,7 @@ def test_metric_names() -> None:
 def test_error_string_format() -> None:
     with pytest.raises(SlaError) as info:
         parse_sla(MINIMAL.replace("rate: 1", "rate: -1"), "slo.yaml")
-    assert str(info.value) == "slo.yaml:5: workload.arrival.rate: must be > 0, got -1"
+    assert str(info.value) == "slo.yaml:5: workload.arrival.rate: must be >= 0.001, got -1"
     with pytest.raises(SlaError) as info:
         parse_sla("", "slo.yaml")
     assert str(info.value).startswith("slo.yaml: file is empty")
@@ -423,7 +423,7 @@ MALFORMED: list[tuple[str, str, str, int | None, str]] = [
         M + W.replace("rate: 1", "rate: -1"),
         "workload.arrival.rate",
         5,
-        "must be > 0, got -1",
+        "must be >= 0.001, got -1",
     ),
     (
         "unknown-process",
@@ -776,7 +776,7 @@ def test_check_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert check_main([str(good), str(bad), str(tmp_path / "missing.yaml")]) == 2
     out, err = capsys.readouterr()
     assert f"OK {good}" in out
-    assert f"{bad}:5: workload.arrival.rate: must be > 0, got -1" in err
+    assert f"{bad}:5: workload.arrival.rate: must be >= 0.001, got -1" in err
     assert "missing.yaml: no such file" in err
     assert "Traceback" not in out + err
 
