@@ -206,9 +206,7 @@ def _levels(
     by_key = {c.key: c for c in constraints}
     out = []
     for i, lv in enumerate(tf.levels, 1):
-        margins = {k: m for k, m in lv.margins.items() if m is not None and k in by_key}
-        # The deciding constraint: the one closest to (or furthest past) its limit.
-        key = max(margins, key=lambda k: margins[k]) if margins else None
+        key = _deciding(lv.margins, by_key)
         c = by_key.get(key) if key else None
         value = lv.metrics.get(c.metric) if c else None
         lower = upper = None
@@ -238,6 +236,19 @@ def _levels(
             )
         )
     return out
+
+
+def _deciding(margins: Mapping[str, float | None], by_key: Mapping[str, Constraint]) -> str | None:
+    """The constraint that decides a level: the one furthest past its limit when one is
+    violated, else the percentile limit closest to it (a met limit of 0, or one on a quantity
+    the load does not move, says nothing about the distance to the edge)."""
+    known = {k: m for k, m in margins.items() if m is not None and k in by_key}
+    if not known:
+        return None
+    violated = {k: m for k, m in known.items() if m > 0}
+    pct = {k: m for k, m in known.items() if percentile_of(by_key[k]) is not None}
+    pool = violated or pct or known
+    return max(pool, key=lambda k: pool[k])
 
 
 def _old_verdict(ok: bool) -> str:
@@ -538,7 +549,7 @@ def _headline(
             span = ""
             if d.effect_low is not None and d.effect_high is not None:
                 span = f" [{_fmt_pct(d.effect_low)}, {_fmt_pct(d.effect_high)}]"
-            conf = f" at {d.confidence:.0%} confidence" if d.confidence else ""
+            conf = f" at {d.confidence * 100:.0f} % confidence" if d.confidence else ""
             sentence = (
                 f"Serve trial {p.trial}: it holds {_fmt_pct(d.effect)}{span} more "
                 f"{d.basis} than the engine defaults{conf}."
