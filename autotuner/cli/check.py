@@ -9,11 +9,11 @@ what a confirmation with one replicate cannot do.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from autotuner.core.errors import BadInput
 from autotuner.measure.levels import resolution_notes
+from autotuner.models.folder import read_config
 from autotuner.search.capacity_compare import two_pair_warning
 from autotuner.sla.spec import Sla, SlaError, load_sla
 
@@ -102,11 +102,7 @@ def layout_lines(sla: Sla, assume_gpu: str | None, engine_version: str | None) -
         model_cfg = synth.ARCHS[sla.model.synth].config()
     else:
         assert sla.model.path is not None
-        cfg_path = sla.resolve_path(sla.model.path) / "config.json"
-        try:
-            model_cfg = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise BadInput(f"cannot read the model's config {cfg_path}: {exc}") from None
+        model_cfg = read_config(sla.resolve_path(sla.model.path))  # bad input if unusable
     try:
         space = load_space_for(
             adapter.space_name,

@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from autotuner.core import paths
+from autotuner.models.folder import ModelFolderError, read_tokenizer
 from autotuner.records.synth import SynthMarker
 
 __all__ = [
@@ -735,10 +736,14 @@ def vocab_words(model_dir: Path) -> list[str]:
 
     Any whitespace-joined sequence of N of them encodes to exactly N tokens.
     """
-    tok = json.loads((Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8"))
-    added = {int(t["id"]) for t in tok.get("added_tokens", [])}
-    vocab: dict[str, int] = tok["model"]["vocab"]
-    return [w for w, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i not in added]
+    tok = read_tokenizer(Path(model_dir))
+    try:
+        added = {int(t["id"]) for t in tok.get("added_tokens", [])}
+        vocab: dict[str, int] = tok["model"]["vocab"]
+        return [w for w, i in sorted(vocab.items(), key=lambda kv: int(kv[1])) if i not in added]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # not a synth tokenizer
+        path = Path(model_dir) / "tokenizer.json"
+        raise ModelFolderError(f"{path}: not the tokenizer autotuner generated ({exc!r})") from None
 
 
 def _read_marker(model_dir: Path) -> SynthMarker | None:

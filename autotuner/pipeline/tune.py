@@ -33,6 +33,7 @@ from autotuner.measure.gate import run_gate
 from autotuner.measure.kernels import KernelBreakdown
 from autotuner.measure.levels import resolution_notes
 from autotuner.measure.quality import GateResult
+from autotuner.models.folder import read_config
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import TrialRecord
 from autotuner.search import rerun, rules
@@ -225,7 +226,7 @@ def _tune(
         if decided is not None:
             return _reprint(decided, study)
     memory = _crash_memory(study, space, engine_adapter)
-    model_cfg = json.loads((model_dir / "config.json").read_text())
+    model_cfg = read_config(model_dir)  # checked by load_sla too; it may have changed since
     cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
     settings = SearchSettings.of(sla)
     warnings, notes = resolution_notes(sla)

@@ -1378,6 +1378,13 @@ def _missing_files(sla: Sla, located: Located) -> list[Problem]:
             problems.append(
                 Problem(located.line_of(where), "model.path", f"no config.json in {model_dir}")
             )
+        else:  # a folder from outside: its config must be one a model has (models.folder)
+            from autotuner.models.folder import read_config
+
+            try:
+                read_config(model_dir)
+            except BadInput as exc:
+                problems.append(Problem(located.line_of(where), "model.path", str(exc)))
     if sla.workload.dataset is not None or sla.workload.trace is not None:
         from autotuner.workload.replay import file_problems
 
@@ -1448,7 +1455,7 @@ def _context_limit(sla: Sla) -> int | None:
 
         try:
             config = json.loads((sla.resolve_path(sla.model.path) / "config.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # _missing_files says what is wrong
             return None
     value = config.get("max_position_embeddings") if isinstance(config, dict) else None
     return value if isinstance(value, int) else None

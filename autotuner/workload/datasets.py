@@ -290,7 +290,10 @@ def _prepared(
     tok_file = Path(model_dir) / "tokenizer.json"
     if not tok_file.is_file():
         raise DataFileError(f"{path}: the model has no tokenizer.json to count prompts with")
-    tokenizer = Tokenizer.from_file(str(tok_file))
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_file))
+    except Exception as exc:  # the tokenizers library raises plain Exception for bad files
+        raise DataFileError(f"{tok_file}: the model's tokenizer can't be loaded: {exc}") from None
     render, rendering = _chat_renderer(Path(model_dir))
     texts: list[str] = []
     special: list[bool] = []  # a plain prompt gets the tokenizer's special tokens (BOS)

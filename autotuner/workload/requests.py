@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from autotuner.core import confined
+from autotuner.models.folder import ModelFolderError, read_config
 
 Api = Literal["completions", "chat"]
 
@@ -78,14 +79,19 @@ class PromptSource:
 
     @classmethod
     def from_model_dir(cls, model_dir: Path) -> PromptSource:
-        config = json.loads((model_dir / "config.json").read_text())
-        vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+        config = read_config(model_dir)  # bad input when unreadable or nonsense
+        text = config.get("text_config")
+        vocab = config.get("vocab_size") or (text.get("vocab_size") if text else None)
+        if not isinstance(vocab, int | float):
+            raise ModelFolderError(
+                f"{model_dir / 'config.json'}: no vocab_size (prompts are token ids below it)"
+            )
         words: tuple[str, ...] = ()
         if (model_dir / "autotuner-synth.json").exists():
             from autotuner.models.synth import vocab_words
 
             words = tuple(vocab_words(model_dir))
-        return cls(vocab, words)
+        return cls(int(vocab), words)
 
     def token_ids(self, n: int, rng: np.random.Generator) -> list[int]:
         top = max(_FIRST_ID + 1, int(self.vocab_size * _ID_SPAN))
