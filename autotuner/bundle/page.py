@@ -45,6 +45,7 @@ from autotuner.search.study import feasible
 from autotuner.sla.spec import Constraint, Sla
 
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
+_UNDECIDED = "replicate, no decision yet"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
@@ -94,8 +95,8 @@ class Launch:
         c = self.capacity
         if c is None or (c.stopped_by == "legacy" and c.low <= 0):
             return "-"
-        if c.low <= 0:
-            return c.note or c.stopped_by.replace("_", " ")
+        if c.low <= 0:  # nothing met: why the search stopped (the reason column says more)
+            return c.stopped_by.replace("_", " ")
         high = "open" if c.high is None else f"{c.high:.3g}"
         return f"[{c.low:.3g}, {high}] {c.unit}"
 
@@ -312,7 +313,7 @@ def _search_launches(
                 gpus=_gpus(tf),
                 levels=_levels(tf, run_dir, constraints, confidence) if tf else [],
                 log_tail=clean(tail) if isinstance(tail, str) and status == "failed" else "",
-                basis=basis.get(t.number, "single run"),
+                basis=basis.get(t.number, "single run") if tf and tf.levels else "",
             )
         )
     return out
@@ -388,7 +389,7 @@ def _unrecorded_replicates(
                 duration_s=tf.duration_s or None,
                 gpus=_gpus(tf),
                 levels=_levels(tf, d, constraints, confidence),
-                basis="confirmation replicate (not yet in a decision)",
+                basis=_UNDECIDED,
             )
         )
     return out
@@ -493,16 +494,18 @@ def _profile(tf: TrialFile | None, title: str) -> report.LatencyProfile | None:
     return report.LatencyProfile(clean(title), pct, phases, cache)
 
 
-def _latency(study: optuna.Study, study_dir: Path, shown: int | None, name: str) -> Markup | None:
+def _latency(
+    study: optuna.Study, study_dir: Path, shown: int | None, name: str, promoted: bool
+) -> Markup | None:
     """The latency breakdown of ``shown`` (the promoted trial, or the best launch) and the
     baseline, at the SLA's own load."""
     profiles = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         r = TrialRecord.from_trial(t)
         if t.number == shown or r.baseline:
-            what = "baseline" if r.baseline else "promoted" if shown is not None else "best"
+            what = "baseline" if r.baseline else "promoted" if promoted else "best single run"
             if r.baseline and t.number == shown:
-                what = "promoted = baseline"
+                what = "promoted = baseline" if promoted else "baseline, the best single run"
             prof = _profile(_trial_file(study_dir, r.result_file), f"{what} (trial {t.number})")
             if prof is not None:
                 profiles.append(prof)
@@ -553,6 +556,14 @@ def _headline(
             sentence = (
                 f"Serve trial {p.trial}: it holds {_fmt_pct(d.effect)}{span} more "
                 f"{d.basis} than the engine defaults{conf}."
+            )
+        stats = d.per_config.get(p.label or "") if isinstance(d, DecisionRecord) else None
+        conf_m = manifest.measurements.confirmation if manifest.measurements else None
+        if stats is not None and stats.capacity_mean is not None and stats.replicates:
+            unit = conf_m.load_unit if conf_m and conf_m.load_unit else "req/s"
+            sentence += (
+                f" Confirmed capacity {stats.capacity_mean:.3g} {unit} "
+                f"(mean of {stats.replicates} replicates)."
             )
         if not p.meets_sla:
             sentence += " No confirmed config meets the SLA."
@@ -713,6 +724,24 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
             "launches marked running were in progress when this page was written, or their "
             "tuner stopped without ending them (a later tune fails and re-runs them)"
         )
+    pending = [x for x in launches if x.basis == _UNDECIDED]
+    if pending:
+        notes.append(
+            f"{len(pending)} confirmation launches finished but no decision records them: the "
+            "confirmation was interrupted or is still running; they are in the launch table, "
+            "not in a comparison"
+        )
+    confirm_dir = study_dir / "confirm"
+    unfinished = sorted(
+        clean(d.name)
+        for d in (confirm_dir.iterdir() if confirm_dir.is_dir() else ())
+        if d.is_dir() and not (d / "trial.json").is_file()
+    )
+    if unfinished:
+        notes.append(
+            "confirmation launches without a result (interrupted, or still running): "
+            + ", ".join(unfinished)
+        )
     return Page(
         name=name,
         state=state,
@@ -729,7 +758,7 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
         launches=launches,
         confirmation=_confirmation(manifest, plan),
         pareto=_pareto(study, record.objectives, manifest, name),
-        latency=_latency(study, study_dir, shown, name),
+        latency=_latency(study, study_dir, shown, name, promoted is not None),
         missing=missing,
         notes=notes,
     )
