@@ -29,8 +29,10 @@ import aiohttp
 import psutil
 from annotated_types import Le
 
+from autotuner.core import confined
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.procs import set_parent_death_signal
+from autotuner.core.text import printable
 from autotuner.daemon import (
     alerts,
     confine,
@@ -116,13 +118,20 @@ class Daemon:
             raise ConfigError(f"lease_dir {lock_dir}: cannot use it: {exc}") from None
         self._lock = self._take_lock()
         try:
+            self.spool = spool.Spool(self.root / "spool", config.max_request_bytes)
+            self.spool.ensure_dirs()  # its own folders, never links (spool.SpoolTreeError)
             refuse_forgotten(self.root, self.root / "daemon.db")
             self.store = Store(self.root / "daemon.db")
         except BaseException:  # e.g. a database of a newer autotuner: free the state dir
             self._lock.close()
             raise
-        self.token = tokens.read_or_create(self.root / tokens.ADMIN_FILE)
-        self.metrics_token = tokens.read_or_create(self.root / tokens.METRICS_FILE)
+        try:  # a token file no request can match (tokens.TokenFileError) stops the start
+            self.token = tokens.read_or_create(self.root / tokens.ADMIN_FILE)
+            self.metrics_token = tokens.read_or_create(self.root / tokens.METRICS_FILE)
+        except BaseException:
+            self.store.close()
+            self._lock.close()
+            raise
         self.leases = Leases(
             gpus,
             exclude=config.exclude_gpus,
@@ -130,7 +139,6 @@ class Daemon:
             free_timeout_s=config.gpu_free_timeout_s,
             host=host_locks,
         )
-        self.spool = spool.Spool(self.root / "spool", config.max_request_bytes)
         self.spool_refusals: deque[dict[str, Any]] = deque(maxlen=20)  # since this start
         self.engine_checks = engine_checks.load(self.root)  # the doctor's, per engine
         self._spool_scan: asyncio.Task[list[tuple[str, bool]]] | None = None
@@ -151,7 +159,7 @@ class Daemon:
         self.deliverer: alerts.Deliverer | None = None  # while run_loops runs
         self._bad_schedules: dict[str, str] = {}  # SLA -> schedule already reported broken
         self._loop_error = ""  # the last error a step of the loop survived (logged once)
-        for sub in ("spool", "spool/done", "spool/failed", "logs", "slas", "studies", "runs"):
+        for sub in ("logs", "slas", "studies", "runs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     def _take_lock(self) -> IO[str]:
@@ -274,8 +282,10 @@ class Daemon:
         if bad:
             raise SubmitError(400, [f"{source}: {b}" for b in bad])
         if base_dir is not None:  # the files are confined: now they may be read
-            try:
-                sla = parse_sla(text, source, base_dir, check_files=True)
+            roots = confine.path_roots(self.root, self.config.allowed_paths)
+            try:  # and again as they are opened: a link may have been swapped in since
+                with confined.confined_to(roots):
+                    sla = parse_sla(text, source, base_dir, check_files=True)
             except SlaError as exc:
                 raise SubmitError(400, [p.render(source) for p in exc.problems]) from None
         if schedule is not None:
@@ -551,9 +561,7 @@ class Daemon:
             f"{' '.join(argv)}\n".encode()
         )
         log.flush()
-        env = dict(os.environ)
-        env.pop(envs.ENV_PYTHON_VAR, None)  # jobs pick engines by name, never by override
-        env["PYTHONUNBUFFERED"] = "1"
+        env = jobs.job_env(os.environ, confine.path_roots(self.root, self.config.allowed_paths))
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -743,11 +751,12 @@ class Daemon:
     def spool_rejected(self, name: str, messages: list[str], moved_to: Path | None) -> None:
         """Report a refused spool file everywhere a user looks: the log, an alert
         (``spool_rejected``, which /metrics counts) and ``status``."""
-        where = f"moved to {moved_to}" if moved_to is not None else "left where it is"
+        shown = printable(str(moved_to)) if moved_to is not None else None  # names from outside
+        where = f"moved to {shown}" if shown is not None else "left where it is"
         logger.warning("spool: %s refused (%s): %s", name, where, " | ".join(messages[:5]))
         details = {
             "file": name,
-            "moved_to": str(moved_to) if moved_to is not None else None,
+            "moved_to": shown,
             "errors": messages[:20],
         }
         self.spool_refusals.appendleft({"time": time.time(), **details})
