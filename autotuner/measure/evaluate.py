@@ -6,7 +6,8 @@ Every metric has one name, shared by SLA constraints, objectives, tables and man
 
 A constraint's margin is relative and signed like Optuna's constraints: ``<= 0`` means met.
 Goodput is the rate of requests that succeeded *and* met every per-request latency SLO
-(TTFT, TPOT, E2E, and the request's own p99 inter-token gap for ITL).
+(TTFT, TPOT, E2E, and the request's own p99 inter-token gap for ITL). Rates count over the
+measured window (:func:`served_rate`), not over the run's drain tail.
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ def metric_value(result: LoadResult, name: str, slos: dict[str, float]) -> float
         if match["q"] is None:
             return float(values.mean())
         return float(np.percentile(values, float(match["q"])))
-    duration = result.duration_s
     ok = result.ok
     total = len(result.records)
     if name == "error_rate":
@@ -104,17 +104,35 @@ def metric_value(result: LoadResult, name: str, slos: dict[str, float]) -> float
     if name == "peak_memory_gib":
         peak = result.monitor.get("peak_memory_bytes")
         return float(peak) / 2**30 if peak else None
-    if duration <= 0:
+    rate = served_rate(result)
+    if rate is None:
         return None
+    per_request = rate / total  # each request's share of the served rate
     if name == "request_rate":
-        return len(ok) / duration
+        return len(ok) * per_request
     if name == "output_tokens_per_s":
-        return sum(r.output_tokens for r in ok) / duration
+        return sum(r.output_tokens for r in ok) * per_request
     if name == "total_tokens_per_s":
-        return sum(r.output_tokens + (r.prompt_tokens or 0) for r in ok) / duration
+        return sum(r.output_tokens + (r.prompt_tokens or 0) for r in ok) * per_request
     if name == "goodput":
-        return sum(request_meets(r, slos) for r in result.records) / duration
+        return sum(request_meets(r, slos) for r in result.records) * per_request
     raise KeyError(f"unknown metric {name!r}")
+
+
+def served_rate(result: LoadResult) -> float | None:
+    """Requests served per second over the measured window: ``(n - 1)`` completions over the
+    span from the first request's end to the last one's. Neither the first requests' latency
+    nor the last ones' drain (seconds of decoding after the last arrival) is in the
+    denominator, so a sustained level's rate agrees with its offered rate, and a saturated
+    engine's with its service rate. Requests without a known end (failed before answering)
+    count at the window's rate. Fewer than three ends: the whole run's length."""
+    total = len(result.records)
+    if not total:
+        return None
+    ends = sorted(r.sent_s + r.e2e_s for r in result.records if r.e2e_s is not None)
+    if len(ends) >= 3 and ends[-1] > ends[0]:
+        return (len(ends) - 1) / (ends[-1] - ends[0]) * total / len(ends)
+    return total / result.duration_s if result.duration_s > 0 else None
 
 
 def table_metrics(result: LoadResult, slos: dict[str, float]) -> dict[str, float | None]:

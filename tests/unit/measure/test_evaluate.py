@@ -30,12 +30,15 @@ objectives:
 """
 
 
-def rec(i: int, ttft: float, tpot: float, out: int = 5, error: str | None = None) -> RequestRecord:
+def rec(
+    i: int, ttft: float, tpot: float, out: int = 5, error: str | None = None, gap: float = 0.5
+) -> RequestRecord:
+    """Request ``i``, sent ``i * gap`` seconds into the run (2 req/s by default)."""
     if error:
-        return RequestRecord(i, float(i), 0.0, out, error=error)
+        return RequestRecord(i, i * gap, 0.0, out, error=error)
     e2e = ttft + tpot * (out - 1)
     return RequestRecord(
-        i, float(i), 0.0, out, ttft, tuple([tpot] * (out - 1)), e2e, 10, out, None, None
+        i, i * gap, 0.0, out, ttft, tuple([tpot] * (out - 1)), e2e, 10, out, None, None
     )
 
 
@@ -64,6 +67,28 @@ def test_all_constraints_met() -> None:
     assert ev.objectives == {"goodput": 2.0, "p90_e2e_ms": pytest.approx(90.0)}
     ttft = next(v for v in ev.verdicts if v.key == "p99_ttft_ms")
     assert ttft.margin == pytest.approx(-0.5)
+
+
+def test_rates_count_over_the_measured_window_not_the_drain() -> None:
+    """A sustained level: 20 requests at 1 req/s, each taking 5 s. The run lasts 24 s (the
+    last request's decoding after the last arrival), but the engine served 1 req/s."""
+    sla = parse_sla(SLA)
+    records = [rec(i, 1.0, 1.0, gap=1.0) for i in range(20)]
+    r = result(records, duration=19 + 5.0)
+    assert metric_value(r, "request_rate", {}) == pytest.approx(1.0)
+    assert metric_value(r, "goodput", {}) == pytest.approx(1.0)
+    assert metric_value(r, "output_tokens_per_s", {}) == pytest.approx(5.0)
+    assert evaluate(r, sla).metrics["goodput"] == 0.0  # every request misses p99 TTFT 100 ms
+
+
+def test_a_saturated_engine_reads_at_its_service_rate() -> None:
+    """Requests offered at 4 req/s, served one every 0.5 s: the served rate is 2 req/s."""
+    records = [
+        RequestRecord(i, i * 0.25, 0.0, 5, 0.05, (0.01,) * 4, (i + 1) * 0.5 - i * 0.25, 10, 5)
+        for i in range(40)
+    ]
+    r = result(records, duration=20.0)
+    assert metric_value(r, "request_rate", {}) == pytest.approx(2.0)
 
 
 def test_failures_count_against_the_sla_and_goodput() -> None:
