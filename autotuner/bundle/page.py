@@ -462,6 +462,7 @@ def _pareto(
         x_better="max" if better[directions[0]] == "max" else "min",
         y_better="max" if len(directions) > 1 and directions[1] == "maximize" else "min",
         title=f"{name}: trials",
+        notes=[clean(n) for n in manifest.pareto_notes] if manifest is not None else (),
     )
     return Markup(_inline(doc))
 
@@ -557,14 +558,23 @@ def _headline(
                 f"Serve trial {p.trial}: it holds {_fmt_pct(d.effect)}{span} more "
                 f"{d.basis} than the engine defaults{conf}."
             )
+        elif isinstance(d, DecisionRecord) and d.basis == "sla" and p.meets_sla:
+            sentence = (
+                f"Serve trial {p.trial}: it met the SLA in every measurement, the engine "
+                "defaults did not."
+            )
         stats = d.per_config.get(p.label or "") if isinstance(d, DecisionRecord) else None
         conf_m = manifest.measurements.confirmation if manifest.measurements else None
         if stats is not None and stats.capacity_mean is not None and stats.replicates:
             unit = conf_m.load_unit if conf_m and conf_m.load_unit else "req/s"
-            sentence += (
-                f" Confirmed capacity {stats.capacity_mean:.3g} {unit} "
-                f"(mean of {stats.replicates} replicates)."
-            )
+            # A replicate that missed the SLA is a miss, never averaged in as capacity 0.
+            held = [c for c in stats.capacities if c is not None and c > 0]
+            missed = sum(1 for c in stats.capacities if c is not None and c <= 0)
+            mean = sum(held) / len(held) if held else stats.capacity_mean
+            over = f"mean of {len(held) or stats.replicates} replicates"
+            if missed:
+                over = f"mean of the {len(held)} of {len(held) + missed} that met the SLA"
+            sentence += f" Confirmed capacity {mean:.3g} {unit} ({over})."
         if not p.meets_sla:
             sentence += " No confirmed config meets the SLA."
         return sentence
@@ -613,7 +623,8 @@ def _rests_on(
     gpu_s = [x.gpu_s for x in ran if x.gpu_s is not None]
     wall = sum(x.duration_s or 0.0 for x in ran)
     if ran:
-        text = f"{len(ran)} launches, {wall / 60:.1f} min of launch time"
+        many = "launch" if len(ran) == 1 else "launches"
+        text = f"{len(ran)} {many}, {wall / 60:.1f} min of launch time"
         if gpu_s:
             text += f", {sum(gpu_s) / 60:.1f} GPU-minutes"
             if len(gpu_s) < len(ran):
