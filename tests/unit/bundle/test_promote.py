@@ -52,6 +52,7 @@ BUNDLE = {
     "pareto.csv",
     "fallback_plan.md",
     "deploy",
+    "report.html",  # the study as one page (autotuner/bundle/page.py)
 }
 
 
