@@ -146,6 +146,9 @@ class Page:
     latency: Markup | None
     missing: list[str]
     notes: list[str]
+    # The hardware it was measured on: (field, value per device) from the manifest
+    hardware: list[tuple[str, list[str]]] = field(default_factory=list)
+    files: list[tuple[str, str]] = field(default_factory=list)  # bundle text files shown whole
     colors: dict[str, str] = field(default_factory=lambda: dict(VERDICT_COLORS))
 
 
@@ -690,6 +693,55 @@ def _confirmation(manifest: Manifest | None, plan: ConfirmPlanFile | None) -> Re
 # The page
 
 
+_HARDWARE_FIELDS = (
+    "name",
+    "memory_total_bytes",
+    "compute_capability",
+    "driver_version",
+    "cuda_driver_version",
+    "power_limit_w",
+    "cpu_model",
+    "cpu_cores",
+    "host_memory_total_bytes",
+    "hostname",
+)
+_BUNDLE_TEXT = ("fallback_plan.md", "lossy_tier.md")
+
+
+def _hardware(manifest: Manifest | None) -> list[tuple[str, list[str]]]:
+    """The hardware profile's main fields, one column per device (bytes shown in GiB)."""
+    rows = manifest.provenance.hardware if manifest and manifest.provenance else []
+    out = []
+    for key in _HARDWARE_FIELDS:
+        values = [row.get(key, "") for row in rows]
+        if not any(values):
+            continue
+        if key.endswith("_bytes"):
+            values = [_gib(v) for v in values]
+        out.append((clean(key.removesuffix("_bytes")), [clean(v) for v in values]))
+    return out
+
+
+def _gib(text: str) -> str:
+    try:
+        return f"{int(text) / 2**30:.1f} GiB"
+    except ValueError:
+        return text
+
+
+def _bundle_files(bundle: Path) -> list[tuple[str, str]]:
+    """The bundle's fallback plan and lossy tier, as their text (shown escaped)."""
+    out = []
+    for name in _BUNDLE_TEXT:
+        path = bundle / name
+        try:
+            if path.is_file():
+                out.append((name, clean(path.read_text(encoding="utf-8", errors="replace"))))
+        except OSError:
+            continue
+    return out
+
+
 def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> Page:
     """What the page shows. ``bundle``: the promoted bundle's folder (default
     ``<study>/promoted``; ``write_bundle`` passes the one it is writing)."""
@@ -772,6 +824,8 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
         latency=_latency(study, study_dir, shown, name, promoted is not None),
         missing=missing,
         notes=notes,
+        hardware=_hardware(manifest),
+        files=_bundle_files(bundle) if manifest is not None and manifest.promoted else [],
     )
 
 

@@ -165,6 +165,9 @@ def test_a_committed_h200_study_shows_its_decision_launches_and_confirmation(
     # Single runs and confirmed figures marked apart.
     assert "confirmed, 3 replicates" in words and "single run" in words
     assert '<figure id="pareto"><svg' in html and '<figure id="latency"><svg' in html
+    # The bundle's hardware profile, fallback plan and lossy tier.
+    assert "<th>name</th><td>NVIDIA H200</td>" in html
+    assert "fallback_plan.md (in the bundle)" in words and "lossy_tier.md (in the bundle)" in words
     # Offline: nothing is fetched (no external URL in a src or href).
     assert not re.search(r'(src|href)="(https?:)?//', html)
 
