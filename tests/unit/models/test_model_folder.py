@@ -120,6 +120,7 @@ def test_real_shapes_pass() -> None:
         (b'{"a": "\xff"}', "not UTF-8"),
         (b'{"model": 3}', "not the tokenizer autotuner generated"),
     ],
+    ids=["not JSON", "nested past the stack", "not UTF-8", "not a synth tokenizer"],
 )
 def test_a_hostile_tokenizer_is_refused_by_name(tmp_path: Path, data: bytes, said: str) -> None:
     model = tmp_path / "model"
