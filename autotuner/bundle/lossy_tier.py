@@ -76,8 +76,18 @@ def _winner(ctx: p.Context, c: Candidate, decision: Decision) -> TierWinner:
     stats = decision.per_config.get(name) or {}
     cmp = decision.comparisons.get(name) or {}
     n = int(stats.get("replicates") or 0)
+    missed = int(stats.get("missed") or 0)
     capacity: float | None
-    if n and stats.get("capacity_mean") is not None:
+    if n and missed:  # a miss is not averaged in as capacity 0
+        mean = stats.get("capacity_mean")
+        capacity = 0.0 if mean is None else float(mean)
+        held = int(stats.get("measured") or n) - missed
+        basis = (
+            f"mean of the {held} of {held + missed} replicates that met the SLA"
+            if held
+            else f"missed the SLA in all {missed} replicates"
+        )
+    elif n and stats.get("capacity_mean") is not None:
         capacity, basis = float(stats["capacity_mean"]), f"mean of {n} replicates"
     else:
         found = p.search_capacity(ctx, c.trial)

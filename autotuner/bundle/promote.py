@@ -20,7 +20,7 @@ import hashlib
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from autotuner.records.manifest import (
 from autotuner.records.trial import CapacityRecord, PromotionNote, StudyRecord, TrialRecord
 from autotuner.search.capacity_compare import select_for_confirmation
 from autotuner.search.confirm import (
+    NOTHING_MET,
     Decision,
     Replicate,
     decide,
@@ -68,9 +69,12 @@ from autotuner.search.confirm import (
     fixed_misses,
     interleaved_order,
     known_zero,
+    met_throughout,
+    miss_note,
     not_confirmed,
     per_gpu_replicate,
     per_gpu_scale,
+    sla_record,
 )
 from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.pareto import Candidate, pareto_front, rank
@@ -230,8 +234,23 @@ def confirm(
         min_effect=spec.min_effect,
         confidence=sla.tune.confidence,
         resolution=resolution,
+        search_misses={} if base.feasible else {"baseline": _search_miss(ctx, base)},
     )
     return decision, reps, configs
+
+
+def _search_miss(ctx: Context, c: Candidate) -> str:
+    """What a config's search launch saw at the SLA's own load, where it missed the SLA."""
+    trial = _trial_file(ctx, c.trial)
+    if trial is None:
+        return TrialRecord.from_trial(ctx.study.trials[c.trial]).reason or "missed the SLA"
+    cap = trial.found_capacity()
+    last = trial.levels[-1] if trial.levels else None
+    return miss_note(
+        cap.note if cap is not None else trial.reason,
+        cap.stopped_by if cap is not None else None,
+        None if last is None else last.generator_behind,
+    )
 
 
 def _fixed_miss(ctx: Context, base: Candidate) -> list[str]:
@@ -297,7 +316,9 @@ def _replicates(
             res = run(configs[name].params, run_dir, around[name])
         reps.append(_replicate(name, r, res, str(run_dir.relative_to(ctx.study_dir))))
         got = reps[-1].capacity
-        if got is not None:
+        if reps[-1].missed:
+            say(f"  -> missed the SLA at its own load (capacity 0): {reps[-1].note}")
+        elif got is not None:
             say(f"  -> capacity {got:.3g} {unit}")
         elif res.status == "failed":
             say(f"  -> failed to launch ({res.cause}): left out of the comparison")
@@ -318,6 +339,12 @@ def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
     level = None
     if res.levels:
         level = res.levels[res.best if res.best is not None else 0]
+    note, margins, verdicts = None, {}, {}
+    if cap is not None and cap.value <= 0 and res.levels:
+        # Missed the SLA at its own load: the lowest level measured is that load.
+        own = min(res.levels, key=lambda lv: lv.load)
+        note = miss_note(cap.note, cap.stopped_by, res.levels[-1].generator_behind)
+        margins, verdicts = dict(own.margins), dict(own.verdicts)
     return Replicate(
         config=name,
         replicate=r,
@@ -332,6 +359,9 @@ def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
             CAPACITY_PER_GPU: None if cap is None else res.metric(CAPACITY_PER_GPU),
         },
         run_dir=run_dir,
+        note=note,
+        margins=margins,
+        verdicts=dict(verdicts),
     )
 
 
@@ -376,14 +406,15 @@ def promote(
         manifest.write(ctx.study_dir / "no_promotion.json")
         return manifest.to_data()
     chosen = configs[decision.promoted]
-    meets = chosen.feasible
-    if not meets:
+    # It meets the SLA when its search launch and every confirmation replicate of it met it.
+    meets = met_throughout(reps, decision.promoted, chosen.feasible)
+    if not meets and NOTHING_MET not in decision.reason:
         # Keeping the defaults is the safe choice, but it must not read as a success.
         decision = Decision(
             **{
                 **decision.__dict__,
                 "reason": decision.reason
-                + ("; note: the baseline itself misses the SLA, so no confirmed config meets it"),
+                + f"; note: the baseline itself misses the SLA, so {NOTHING_MET}",
             }
         )
     say(f"promoted {decision.promoted}: {decision.reason}")
@@ -391,6 +422,8 @@ def promote(
     manifest = _manifest(ctx, chosen, record, reps, ranked, configs, meets)
     if tier is not None:
         manifest = manifest.model_copy(update={"lossy_tier": tier})
+    notes = _pareto_notes(ctx, manifest, chosen, front, cands, Figures.of(manifest))
+    manifest = manifest.model_copy(update={"pareto_notes": notes})
     base = next((c for c in cands if c.baseline), None)
     kernels = _kernel_profiles(ctx, chosen, base, profile, say) if profile else []
     write_bundle(ctx, manifest, chosen, front, ranked, kernels=kernels)
@@ -443,22 +476,59 @@ def _confirmed_load(reps: list[Replicate], chosen: Candidate) -> float | None:
 
 
 def _spread(reps: list[Replicate], name: str) -> dict[str, Spread]:
-    """Per metric, the replicates' mean/min/max: capacity from the replicate's search, the
-    others at its capacity (the highest level that met the SLA)."""
+    """Per metric, the mean/min/max of the replicates that met the SLA: capacity from the
+    replicate's search, the others at its capacity (the highest level that met the SLA). A
+    replicate that missed the SLA is counted in ``missed``, never averaged in as a zero."""
     out: dict[str, Spread] = {}
     mine = [r for r in reps if r.config == name]
+    held = [r for r in mine if r.capacity is not None and not r.missed]
+    missed = sum(r.missed for r in mine)
     for metric in SUMMARY:
         if metric == "capacity":
-            vals = [r.capacity for r in mine if r.capacity is not None]
+            vals = [r.capacity for r in held if r.capacity is not None]
         else:
-            vals = [v for r in mine if (v := r.metrics.get(metric)) is not None]
+            vals = [v for r in held if (v := r.metrics.get(metric)) is not None]
         out[metric] = Spread(
             mean=sum(vals) / len(vals) if vals else None,
             min=min(vals) if vals else None,
             max=max(vals) if vals else None,
             replicates=len(vals),
+            missed=missed,
         )
     return out
+
+
+def _verdicts(
+    chosen: Candidate, trial: TrialResult | None, reps: list[Replicate], meets: bool
+) -> Verdicts | None:
+    """The promoted config's constraints at the SLA's own load: its search launch's, unless a
+    confirmation replicate of it missed the SLA there (then that replicate's: the margins of
+    a launch that met it must not stand beside ``meets_sla: false``)."""
+    how = "margins are relative: <= 0 means the constraint is met"
+    missed = [r for r in reps if r.config == _label(chosen) and r.missed]
+    if missed:
+        r = missed[0]
+        measured, n = sla_record(reps, r.config)
+        return Verdicts(
+            at_sla_load=r.margins,
+            note=f"{how}; from confirmation replicate {r.replicate + 1} ({r.run_dir}), which "
+            f"missed the SLA at its own load: {_outcomes(r.verdicts)}; {n} of {measured} "
+            f"replicates missed it; meets_sla {str(meets).lower()}",
+        )
+    if trial is None or not trial.levels:
+        return None
+    first = trial.levels[0]
+    said = "met" if chosen.feasible else "missed"
+    return Verdicts(
+        at_sla_load=first.margins,
+        note=f"{how}; from the search launch (trial {chosen.trial}), which {said} the SLA at "
+        f"its own load: {_outcomes(first.verdicts)}; meets_sla {str(meets).lower()}",
+    )
+
+
+def _outcomes(verdicts: Mapping[str, str]) -> str:
+    """``p99_ttft_ms undecided, p90_tpot_ms meets`` (each constraint's verdict at one level)."""
+    return ", ".join(f"{k} {v}" for k, v in verdicts.items()) or "no verdicts recorded"
 
 
 def _decisions(study: optuna.Study) -> Decisions:
@@ -543,12 +613,7 @@ def _manifest(
                 replicates=[ReplicateRecord.model_validate(r.__dict__) for r in reps],
             ),
         ),
-        verdicts=None
-        if trial is None or not trial.levels
-        else Verdicts(
-            at_sla_load=trial.levels[0].margins,
-            note="margins are relative: <= 0 means the constraint is met",
-        ),
+        verdicts=None if chosen is None else _verdicts(chosen, trial, reps, meets),
         sla=SlaSummary(
             constraints={c.key: c.limit for c in sla.constraints},
             objectives=[{o.direction: o.metric} for o in sla.objectives],
@@ -653,38 +718,78 @@ class Figures:
     they exist (capacity, goodput at capacity), the search's single run otherwise."""
 
     confirmed: dict[str, dict[str, float | None]]  # config label -> metric -> mean
-    replicates: dict[str, int]  # config label -> replicates
+    replicates: dict[str, int]  # config label -> replicates that met the SLA (the mean's)
     comparisons: dict[str, dict[str, Any]]  # candidate label -> its comparison with baseline
+    # config label -> replicates that missed the SLA at its own load (not in the mean)
+    missed: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, manifest: Manifest) -> Figures:
         conf = manifest.measurements.confirmation if manifest.measurements else None
         confirmed: dict[str, dict[str, float | None]] = {}
         replicates: dict[str, int] = {}
+        missed: dict[str, int] = {}
         for name, spreads in (conf.spread if conf else {}).items():
-            n = spreads["capacity"].replicates if "capacity" in spreads else 0
-            if n:
+            cap = spreads.get("capacity", Spread())
+            if cap.replicates or cap.missed:
                 confirmed[name] = {m: spreads[m].mean for m in CONFIRMED_METRICS if m in spreads}
-                replicates[name] = n
+                if not cap.replicates:  # missed the SLA in every replicate: capacity 0
+                    confirmed[name].update(capacity=0.0, capacity_per_gpu=0.0)
+                replicates[name] = cap.replicates
+                missed[name] = cap.missed
         d = manifest.decision
         comparisons = dict(d.comparisons) if isinstance(d, DecisionRecord) else {}
-        return cls(confirmed, replicates, comparisons)
+        return cls(confirmed, replicates, comparisons, missed)
+
+    def confirmed_in(self, c: Candidate) -> bool:
+        """Whether confirmation measured ``c``."""
+        return _label(c) in self.confirmed
+
+    def rejected(self, c: Candidate) -> bool:
+        """A candidate (not the baseline) that missed the SLA in a confirmation replicate."""
+        return not c.baseline and bool(self.missed.get(_label(c)))
+
+    def rejected_notes(self, cands: Sequence[Candidate], chosen: Candidate) -> list[str]:
+        """Why each rejected candidate is not listed as a fallback."""
+        return [
+            f"trial {c.trial} is not offered as a fallback: it missed the SLA at its own load "
+            f"in {self.missed[_label(c)]} of "
+            f"{self.missed[_label(c)] + self.replicates.get(_label(c), 0)} confirmation "
+            "replicates"
+            for c in cands
+            if self.rejected(c) and c.trial != chosen.trial
+        ]
 
     def metrics(self, c: Candidate) -> dict[str, float | None]:
-        """``c``'s search metrics, with the confirmed means where confirmation has them."""
-        mine = self.confirmed.get(_label(c), {})
-        return {**c.metrics, **{m: v for m, v in mine.items() if v is not None}}
+        """``c``'s search metrics, with the confirmed means where confirmation has them (a
+        config that missed the SLA in every replicate: capacity 0, no goodput)."""
+        if not self.confirmed_in(c):
+            return dict(c.metrics)
+        mine = self.confirmed[_label(c)]
+        out = {**c.metrics, **{m: v for m, v in mine.items() if v is not None}}
+        if not self.replicates.get(_label(c)):
+            out["goodput"] = None
+        return out
+
+    def _confirmed_basis(self, c: Candidate) -> str:
+        n, missed = self.replicates.get(_label(c), 0), self.missed.get(_label(c), 0)
+        if not missed:
+            return f"mean of {n} replicates"
+        if not n:
+            return f"missed the SLA in all {missed} replicates"
+        return f"mean of the {n} of {n + missed} replicates that met the SLA"
 
     def basis(self, c: Candidate, names: Sequence[str]) -> dict[str, str]:
-        n = self.replicates.get(_label(c))
-        return {
-            m: f"mean of {n} replicates" if n and m in CONFIRMED_METRICS else "single run"
-            for m in names
-        }
+        mine = self._confirmed_basis(c) if self.confirmed_in(c) else None
+        return {m: mine if mine and m in CONFIRMED_METRICS else "single run" for m in names}
 
     def point_basis(self, c: Candidate) -> str:
-        n = self.replicates.get(_label(c))
-        return f"confirmed, {n} replicates" if n else "single run"
+        if not self.confirmed_in(c):
+            return "single run"
+        n, missed = self.replicates.get(_label(c), 0), self.missed.get(_label(c), 0)
+        if missed:
+            return f"confirmed, missed the SLA in {missed} of {n + missed} replicates"
+        return f"confirmed, {n} replicates"
 
     def capacity_change(self, c: Candidate, chosen: Candidate) -> str | None:
         """The confirmed capacity change of ``c`` against ``chosen``, with its interval and
@@ -695,8 +800,21 @@ class Figures:
             cmp, flip = self.comparisons.get(_label(c)), False
         else:
             return None
-        if not cmp or cmp.get("effect") is None:
+        if not cmp:
             return None
+        if cmp.get("basis") == "sla":
+            # Decided on the SLA: a capacity ratio against a config that missed it is no
+            # measure of either.
+            who = [x for x in (c, chosen) if self.missed.get(_label(x))]
+            said = "; ".join(
+                f"{_label(x)} missed the SLA in {self.missed[_label(x)]} of "
+                f"{self.missed[_label(x)] + self.replicates.get(_label(x), 0)} replicates"
+                for x in who
+            )
+            return f"not compared: decided on the SLA ({said or 'see Notes'})"
+        if cmp.get("effect") is None:
+            said = str(cmp.get("verdict") or "not compared").replace("_", " ")
+            return f"n/a (confirmed: {said}, from {cmp.get('pairs', 0)} pair(s))"
         effect, low, high = cmp["effect"], cmp.get("low"), cmp.get("high")
         words = {
             "better": ("higher", "lower"),
@@ -722,9 +840,13 @@ def _fallbacks(
     figures: Figures,
 ) -> list[report.Fallback]:
     directions = [o.direction for o in ctx.sla.objectives]
-    feasible = rank([c for c in candidates(ctx.study) if c.feasible], directions)
+    # A candidate that missed the SLA in a confirmation replicate is no fallback for it.
+    usable = [c for c in ranked if not figures.rejected(c)]
+    feasible = rank(
+        [c for c in candidates(ctx.study) if c.feasible and not figures.rejected(c)], directions
+    )
     traits = lossy_tier.traits(ctx)
-    picks = fallback_roles.pick(chosen, ranked, feasible, base, traits, ctx.hardware.device)
+    picks = fallback_roles.pick(chosen, usable, feasible, base, traits, ctx.hardware.device)
     promoted = figures.metrics(chosen)
     out = []
     for i, fallback in enumerate(picks, 1):
@@ -813,6 +935,7 @@ def write_bundle(
             x_better=better[objs[0]],  # type: ignore[arg-type]
             y_better=better.get(y or "", "min"),  # type: ignore[arg-type]
             title=f"{sla.name}: trials",
+            notes=manifest.pareto_notes,
         )
     )
     profiles = [_profile(ctx, chosen, f"promoted (trial {chosen.trial})")]
@@ -828,12 +951,17 @@ def write_bundle(
     if kernels:
         (tmp / "kernel_breakdown.csv").write_text(breakdown_csv(kernels))
     reason = manifest.decision.reason if manifest.decision else ""
-    if figures.replicates:
+    if figures.replicates or figures.missed:
         where = (
             "capacity and goodput at capacity marked 'mean of N replicates' come from the "
             "confirmation replicates; every figure marked 'single run' is one launch of the "
             "search (latencies at the SLA's own load)"
         )
+        if any(figures.missed.values()):
+            where += (
+                "; a replicate that missed the SLA at its own load is counted as a miss, never "
+                "averaged in as capacity 0"
+            )
     else:
         where = "no confirmation launch was run: every figure is a single run of the search"
     fallbacks = _fallbacks(ctx, chosen, ranked, base, figures)
@@ -850,6 +978,7 @@ def write_bundle(
             [
                 *needs,
                 reason,
+                *figures.rejected_notes(cands, chosen),
                 where,
                 f"engine: {ctx.engine_version}; hardware: {ctx.hardware.summary().splitlines()[0]}",
             ],
@@ -865,6 +994,51 @@ def write_bundle(
     page.write(ctx.study, ctx.study_dir, tmp / "report.html", bundle=tmp)
     _swap(tmp, final)
     return final
+
+
+def _pareto_notes(
+    ctx: Context,
+    manifest: Manifest,
+    chosen: Candidate,
+    front: Sequence[Candidate],
+    cands: Sequence[Candidate],
+    figures: Figures,
+) -> list[str]:
+    """What the Pareto chart says beside its points so that it agrees with the decision: why
+    the promoted point is off the front, that it does not meet the SLA, and why a point on
+    the front was not promoted when confirmation or the quality gate kept it out."""
+    out: list[str] = []
+    meets = bool(manifest.promoted and manifest.promoted.meets_sla)
+    who = "the baseline (engine defaults)" if chosen.baseline else f"trial {chosen.trial}"
+    traits = lossy_tier.traits(ctx)
+    lossy = [c for c in front if traits.lossy_settings(c.params) and c.trial != chosen.trial]
+    on_front = any(c.trial == chosen.trial for c in front)
+    if not on_front:
+        if chosen.baseline and not chosen.feasible:
+            why = "it missed the SLA in its search launch; kept because no candidate was promoted"
+        elif chosen.baseline:
+            why = "the engine defaults stay unless a candidate is confirmed better"
+        elif lossy:
+            why = "the points ahead of it have lossy settings, which only the quality gate admits"
+        else:
+            why = "it was ranked first of its tier"
+        out.append(f"promoted: {who}, not on the front: {why}")
+    if not meets:
+        out.append(f"{who} does not meet the SLA: {NOTHING_MET}")
+    tier = manifest.lossy_tier
+    if lossy and tier is not None and tier.promoted != "lossy":
+        gate = tier.gate or {}
+        said = f"quality gate {gate.get('verdict')}" if gate else "not confirmed better"
+        names = ", ".join(f"trial {c.trial}" for c in lossy)
+        out.append(f"not promoted: {names} (lossy settings; {said})")
+    for c in cands:
+        if figures.rejected(c) and c.trial != chosen.trial:
+            n = figures.missed[_label(c)]
+            out.append(
+                f"not promoted: trial {c.trial} missed the SLA at its own load in {n} of "
+                f"{n + figures.replicates.get(_label(c), 0)} confirmation replicates"
+            )
+    return out
 
 
 def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:

@@ -21,6 +21,7 @@ import io
 import json
 import math
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
@@ -252,6 +253,7 @@ def pareto_svg(
     x_better: Better = "max",
     y_better: Better = "min",
     title: str | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
     """A scatter of the trials on objectives ``x`` and ``y`` (an SVG document).
 
@@ -259,7 +261,8 @@ def pareto_svg(
     (the boundary of the region it dominates), the promoted trial is ringed and labeled, the
     baseline boxed and labeled. With one objective (``y`` None) the plot is ``x`` against the
     trial number, ``x_better`` its direction, with the best feasible value so far as the line.
-    Trials without a value on an axis are left out (the subtitle counts them).
+    Trials without a value on an axis are left out (the subtitle counts them). ``notes`` are
+    printed under the plot (why the promoted point is off the front, or does not meet the SLA).
     """
     single = y is None
     x_name, y_name = ("trial", x) if y is None else (x, y)
@@ -273,7 +276,8 @@ def pareto_svg(
             shown.append((p, vx, vy))
     missing = len(points) - len(shown)
 
-    width, height = 810.0, 500.0
+    lines = [ln for n in notes for ln in textwrap.wrap(n, 118, subsequent_indent="  ")]
+    width, height = 810.0, 500.0 + 18.0 * len(lines) + (8.0 if lines else 0.0)
     left, right, top, bottom = 80.0, 570.0, 62.0, 430.0
     sx = _scale([v for _, v, _ in shown], left, right, integer=single)
     sy = _scale([v for _, _, v in shown], bottom, top)
@@ -318,6 +322,7 @@ def pareto_svg(
         body.append(_marker(p, sx(vx), sy(vy), x_name, y_name, vx, vy))
     body += _point_labels(shown, sx, sy, left, right, top, bottom)
     body += _pareto_legend(shown, single, right + 24, top)
+    body += [_text(24, 500 + 18 * i, line, cls="note", fill=_AXIS) for i, line in enumerate(lines)]
     return _svg(width, height, body, heading)
 
 

@@ -137,7 +137,7 @@ def _bracket(r: TrialRecord) -> str:
 def _confirmation(m: Manifest) -> list[str]:
     """What confirmation measured (confirmed figures), or that it spent nothing."""
     d = m.decision
-    if not isinstance(d, DecisionRecord) or d.basis != "capacity":
+    if not isinstance(d, DecisionRecord) or d.basis not in ("capacity", "sla"):
         return []
     if not d.confirmed:
         return ["confirmation: none run (no launch spent); every figure above is a single run"]
@@ -146,11 +146,20 @@ def _confirmation(m: Manifest) -> list[str]:
     unit = f" {conf.load_unit}" if conf and conf.load_unit else ""
     for name, st in d.per_config.items():
         caps = ", ".join("-" if c is None else f"{c:.3g}" for c in st.capacities)
-        mean = "-" if st.capacity_mean is None else f"{st.capacity_mean:.3g}"
-        out.append(
-            f"confirmed capacity of {name}: {mean}{unit} (mean of {st.replicates} "
-            f"replicates: {caps})"
-        )
+        # A replicate that missed the SLA (capacity 0) is a miss, not a capacity to average.
+        held = [c for c in st.capacities if c is not None and c > 0]
+        missed = sum(1 for c in st.capacities if c is not None and c <= 0)
+        mean = f"{sum(held) / len(held):.3g}" if held else "-"
+        if not missed:
+            said = f"{mean}{unit} (mean of {st.replicates} replicates: {caps})"
+        elif not held:
+            said = f"none: missed the SLA in all {missed} replicates ({caps})"
+        else:
+            said = (
+                f"{mean}{unit} where it met the SLA (mean of {len(held)} of "
+                f"{len(held) + missed} replicates; missed it in {missed}: {caps})"
+            )
+        out.append(f"confirmed capacity of {name}: {said}")
     if d.effect is not None and d.effect_low is not None and d.effect_high is not None:
         out.append(
             f"effect: {d.effect:+.1%} [{d.effect_low:+.1%}, {d.effect_high:+.1%}] at "

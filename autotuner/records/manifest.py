@@ -59,6 +59,10 @@ class ConfigStats(_Part):
     goodput_max: float | None = None
     goodput_spread: float | None = None  # relative range of the replicates
     feasible_all: bool | None = None
+    # Replicates that measured something, and of those the ones that missed the SLA (capacity
+    # 0). The capacity and goodput means are over the others (older manifests: over all).
+    measured: int | None = None
+    missed: int = 0
 
 
 class DecisionRecord(_Part):
@@ -103,7 +107,8 @@ class Spread(_Part):
     mean: float | None = None
     min: float | None = None
     max: float | None = None
-    replicates: int = 0
+    replicates: int = 0  # the replicates the mean is over: those that met the SLA
+    missed: int = 0  # replicates that missed the SLA at its own load (left out of the mean)
 
 
 class ReplicateRecord(_Part):
@@ -118,6 +123,11 @@ class ReplicateRecord(_Part):
     low: float | None = None
     high: float | None = None
     stopped_by: str | None = None
+    # Where it missed the SLA at its own load: what it missed (for an undecided level, what
+    # would decide it), and that level's margins and verdicts.
+    note: str | None = None
+    margins: dict[str, float | None] = Field(default_factory=dict)
+    verdicts: dict[str, str] = Field(default_factory=dict)
 
 
 class Confirmation(_Part):
@@ -136,6 +146,10 @@ class Measurements(_Part):
 
 
 class Verdicts(_Part):
+    """The promoted config's constraints at the SLA's own load: from its search launch, or,
+    when a confirmation replicate of it missed the SLA there, from that one; ``note`` says
+    which, and each constraint's verdict there (a margin <= 0 can still be undecided)."""
+
     at_sla_load: dict[str, float | None]  # constraint key -> relative margin (<= 0 met)
     note: str
 
@@ -200,6 +214,10 @@ class Manifest(Record):
     verdicts: Verdicts | None = None
     sla: SlaSummary | None = None
     pareto_front: list[int] = Field(default_factory=list)  # trial numbers, ranked
+    # What the Pareto chart says beside its points so that it agrees with the decision: why
+    # the promoted point is off the front, that it does not meet the SLA, why a point on the
+    # front was not promoted (empty: nothing to say, or an older manifest).
+    pareto_notes: list[str] = Field(default_factory=list)
     provenance: Provenance | None = None
     decisions: Decisions | None = None
     lossy_tier: LossyTier | None = None  # search.allow_lossy: both winners, gain and price

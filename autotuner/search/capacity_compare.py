@@ -28,11 +28,17 @@ the same way. Verdict against ``min_effect`` (the smallest relative win worth pr
 - ``not_enough_data``: anything else (fewer than two usable pairs, or an interval too wide to
   tell): more replicates would be needed.
 
-Zero capacity means the config missed the SLA at its own load in that replicate. A candidate
-that did so where the baseline did not is ``worse`` (it failed the SLA's own workload; the
-confirmation of today requires the SLA in every replicate, too). A baseline at zero in every
-pair where the candidate held is ``better`` with no finite effect. Pairs where both are zero,
-or a side was not measured (None: a launch that failed or was interrupted), are left out.
+**The SLA comes first.** Zero capacity means the config missed the SLA at its own load in
+that replicate (or could not be shown to meet it there: undecided): evidence, never missing
+data. So before any capacity is compared, each side's replicates are counted (a launch that
+failed or was interrupted, None, is left out: it measured nothing):
+
+- the candidate missed the SLA in some replicate: it is not promoted: ``worse`` when the
+  baseline met the SLA in all of its own, ``neither_met`` when the baseline missed too;
+- the candidate met the SLA in every replicate (at least 2) and the baseline missed it in
+  some: ``better`` on the SLA (``basis: sla``, no capacity effect: a config that holds the
+  SLA's own workload every time beats one that does not, whatever either serves above it);
+- both met it in every replicate: capacity decides, as above, on every pair.
 
 Before any of that, :func:`worth_confirming` says whether confirmation is worth its launches
 at all: only when a candidate's search capacity is ahead of the baseline's by more than the
@@ -47,7 +53,9 @@ from dataclasses import asdict, dataclass
 from statistics import fmean, stdev
 from typing import Any, Literal
 
-CompareVerdict = Literal["better", "worse", "no_difference", "not_enough_data"]
+CompareVerdict = Literal["better", "worse", "no_difference", "not_enough_data", "neither_met"]
+# What decided a comparison: the share of replicates that met the SLA, or their capacities.
+CompareBasis = Literal["sla", "capacity"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,9 @@ class CapacityComparison:
     high: float | None
     confidence: float
     min_effect: float
-    pairs: int  # pairs the interval rests on
+    pairs: int  # pairs the interval rests on (both configs met the SLA, both measured)
     reason: str
+    basis: CompareBasis = "capacity"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,49 +167,70 @@ def compare_capacity(
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise ValueError(f"capacities must be finite and >= 0, got {v!r}")
 
-    def done(verdict: CompareVerdict, reason: str, n: int = 0) -> CapacityComparison:
-        return CapacityComparison(verdict, None, None, None, confidence, min_effect, n, reason)
-
-    measured: list[tuple[float, float]] = []
-    for b, c in zip(baseline, candidate, strict=True):
-        if b is not None and c is not None:
-            measured.append((b, c))
-    failed = sum(1 for b, c in measured if c == 0 and b > 0)
-    if failed:
-        return done(
-            "worse",
-            f"{label} missed the SLA at its own load in {failed} of {len(measured)} replicates "
-            "where the baseline met it",
+    def done(
+        verdict: CompareVerdict, reason: str, n: int = 0, basis: CompareBasis = "capacity"
+    ) -> CapacityComparison:
+        return CapacityComparison(
+            verdict, None, None, None, confidence, min_effect, n, reason, basis
         )
-    base_zero = [(b, c) for b, c in measured if b == 0 and c > 0]
-    positive = [(b, c) for b, c in measured if b > 0 and c > 0]
-    if base_zero and not positive and len(base_zero) >= 2:
+
+    positive = [
+        (b, c)
+        for b, c in zip(baseline, candidate, strict=True)
+        if b is not None and c is not None and b > 0 and c > 0
+    ]
+    b_n, b_missed = _missed(baseline)
+    c_n, c_missed = _missed(candidate)
+    if c_missed:
+        mine = f"{label} missed the SLA at its own load in {c_missed} of {c_n} replicates"
+        if b_missed:
+            return done(
+                "neither_met",
+                f"{mine}, and the baseline in {b_missed} of {b_n}: neither met it in every "
+                "replicate",
+                len(positive),
+                "sla",
+            )
+        if b_n:
+            return done("worse", f"{mine}; the baseline met it in all {b_n}", len(positive), "sla")
+        return done("not_enough_data", f"{mine}; the baseline was not measured", 0, "sla")
+    if c_n < 2:
+        return done(
+            "not_enough_data",
+            f"{label} was measured in {c_n} replicate(s); at least 2 are needed",
+            len(positive),
+        )
+    if b_missed:
+        held = ""
+        if positive:
+            ratio = _expm1(fmean(_log_ratio(b, c) for b, c in positive))
+            held = (
+                f" (where both met it, {len(positive)} pair(s): {ratio:+.1%} by capacity, "
+                "not what decided)"
+            )
         return done(
             "better",
-            f"the baseline missed the SLA at its own load in {len(base_zero)} of "
-            f"{len(measured)} replicates, each time while {label} met it",
-            len(base_zero),
+            f"{label} met the SLA at its own load in all {c_n} replicates, the baseline "
+            f"missed it in {b_missed} of {b_n}{held}",
+            len(positive),
+            "sla",
         )
-    both_zero = sum(1 for b, c in measured if b == 0 and c == 0)
-    note = ""
-    if base_zero:
-        note += f"; left out: {len(base_zero)} replicates where only the baseline missed the SLA"
-    if both_zero:
-        note += f"; left out: {both_zero} replicates where both missed the SLA"
+    failed = len(baseline) - b_n + len(candidate) - c_n
+    note = f"; left out: {failed} launch(es) that failed (nothing measured)" if failed else ""
     if len(positive) < 2:
         return done(
             "not_enough_data",
-            f"{len(positive)} replicate pair(s) where both configs met the SLA; at least 2 "
-            f"are needed to measure the spread{note}",
+            f"{len(positive)} replicate pair(s) measured; at least 2 are needed to measure "
+            f"the spread{note}",
             len(positive),
         )
-    logs = [math.log(c / b) for b, c in positive]
+    logs = [_log_ratio(b, c) for b, c in positive]
     n = len(logs)
     mean = fmean(logs)
     sd = max(stdev(logs), resolution / math.sqrt(6))
     half = t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
-    effect = math.expm1(mean)
-    low, high = math.expm1(mean - half), math.expm1(mean + half)
+    effect = _expm1(mean)
+    low, high = _expm1(mean - half), _expm1(mean + half)
     verdict = _verdict(effect, low, high, min_effect)
     shown = f"{effect:+.1%} [{low:+.1%}, {high:+.1%}] at {confidence:.0%} from {n} pairs"
     why = {
@@ -215,6 +245,20 @@ def compare_capacity(
     return CapacityComparison(verdict, effect, low, high, confidence, min_effect, n, why + note)
 
 
+# exp() of a larger log-ratio overflows a float (709.78): a ratio of e^700 is already no
+# measurement, so the interval is capped there instead of raising on absurd capacities.
+_MAX_LOG_RATIO = 700.0
+
+
+def _expm1(x: float) -> float:
+    return math.expm1(min(x, _MAX_LOG_RATIO))
+
+
+def _log_ratio(b: float, c: float) -> float:
+    """ln(c / b) without forming c / b, which overflows for extreme capacities."""
+    return math.log(c) - math.log(b)
+
+
 def _verdict(effect: float, low: float, high: float, min_effect: float) -> CompareVerdict:
     if low > 0 and effect >= min_effect:
         return "better"
@@ -223,6 +267,12 @@ def _verdict(effect: float, low: float, high: float, min_effect: float) -> Compa
     if low > -min_effect and high < min_effect:
         return "no_difference"
     return "not_enough_data"
+
+
+def _missed(values: Sequence[float | None]) -> tuple[int, int]:
+    """(replicates measured, of those the ones that missed the SLA: capacity 0)."""
+    measured = [v for v in values if v is not None]
+    return len(measured), sum(1 for v in measured if v == 0)
 
 
 def two_pair_warning(replicates: int, confidence: float, resolution: float) -> str | None:

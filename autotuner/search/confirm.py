@@ -12,13 +12,27 @@ run-to-run noise on top. Before anything is promoted over the baseline:
    Each launch is a narrow capacity search around that config's own claimed capacity
    (``CapacitySearch.around``), never below the SLA's own load: a config that misses the SLA
    there has capacity 0 in that replicate.
-3. **Decision.** Per candidate, :func:`compare_capacity` on the paired replicates (log-ratios,
-   Student t interval, a spread floor from the resolution). Only ``better`` promotes (the
-   largest effect among the better ones); otherwise the baseline stays, and the reason gives
-   each candidate's effect with its interval.
+3. **Decision: the SLA first, capacity second.** A config *meets the SLA* when every
+   measurement of it at the SLA's own load met it: its search launch and each of its
+   confirmation replicates (a replicate that missed, or stayed undecided, has capacity 0; one
+   whose launch failed measured nothing and is left out). Per candidate,
+   :func:`compare_capacity` on the paired replicates: a candidate that missed the SLA in
+   some replicate is never promoted; one that met it in all of them beats a baseline that
+   missed it in some (``basis: sla``: in a replicate, or in its search launch); when both met
+   it everywhere, capacity decides (log-ratios, Student t interval, a spread floor from the
+   resolution). Only ``better`` promotes (the largest effect among the better ones, or on
+   the SLA the highest mean capacity); otherwise the baseline stays, and the reason gives each
+   candidate's verdict. When neither the baseline nor any candidate met the SLA in every
+   measurement (a candidate needs at least 2 measured replicates), the baseline stays and
+   the decision says, once, that nothing meets the SLA and which config measured best
+   (:data:`NOTHING_MET`); promotion then exits 1.
+
+Every replicate that missed the SLA carries a note: what it missed, and for an undecided one
+what would decide it (more requests per level, or a steadier machine when the load generator
+fell behind its schedule); the decision's reason quotes them.
 
 Without a measured baseline (it failed to start) there is nothing to compare with: the lead
-is re-measured alone and promoted when it met the SLA at its own load in every replicate.
+is re-measured alone and promoted; it meets the SLA only when it met it in every replicate.
 A baseline that missed the SLA in the search only on limits the load does not move (peak
 memory: the engine reserves its pool at start) is not launched again: no load would change
 that, so its replicates are capacity 0 by construction (:func:`fixed_misses`,
@@ -54,6 +68,16 @@ class Replicate:
     feasible: bool  # met the SLA at its own load (capacity > 0)
     metrics: dict[str, float | None]  # at that level (the first level when none met)
     run_dir: str
+    # Where it missed the SLA at its own load (capacity 0): what it missed and, when undecided,
+    # what would decide it; the margins and verdicts of that level (empty otherwise).
+    note: str | None = None
+    margins: dict[str, float | None] = field(default_factory=dict)
+    verdicts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def missed(self) -> bool:
+        """Measured, and did not meet the SLA at its own load."""
+        return self.capacity is not None and self.capacity <= 0
 
 
 @dataclass(frozen=True)
@@ -99,14 +123,17 @@ def spread(values: Sequence[float]) -> float:
 
 
 def config_stats(reps: Sequence[Replicate]) -> dict[str, dict[str, Any]]:
-    """Per config: its replicates' capacities and goodputs at capacity."""
+    """Per config: its replicates' capacities and goodputs at capacity. The mean, min and max
+    are over the replicates that met the SLA (a miss is capacity 0, not a small capacity:
+    averaged in, 2.95, 0 and 0 would read as 0.98); ``missed`` counts the others."""
     by: dict[str, list[Replicate]] = {}
     for r in reps:
         by.setdefault(r.config, []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for name, rs in by.items():
-        caps = [r.capacity for r in rs if r.capacity is not None]
-        goods = [r.goodput for r in rs if r.goodput is not None]
+        held = [r for r in rs if r.capacity is not None and not r.missed]
+        caps = [r.capacity for r in held if r.capacity is not None]
+        goods = [r.goodput for r in held if r.goodput is not None]
         out[name] = {
             "replicates": len(rs),
             "capacities": [r.capacity for r in rs],
@@ -115,14 +142,49 @@ def config_stats(reps: Sequence[Replicate]) -> dict[str, dict[str, Any]]:
             "capacity_max": max(caps) if caps else None,
             "goodput_mean": fmean(goods) if goods else None,
             "feasible_count": sum(r.feasible for r in rs),
+            "measured": sum(r.capacity is not None for r in rs),
+            "missed": sum(r.missed for r in rs),
         }
     return out
+
+
+def sla_record(reps: Sequence[Replicate], config: str) -> tuple[int, int]:
+    """``config``'s confirmation replicates: (measured, of those the ones that missed the SLA)."""
+    mine = [r for r in reps if r.config == config and r.capacity is not None]
+    return len(mine), sum(r.missed for r in mine)
+
+
+def met_throughout(reps: Sequence[Replicate], config: str, search_met: bool) -> bool:
+    """Whether ``config`` meets the SLA: its search launch met it at the SLA's own load, and
+    so did every confirmation replicate of it that measured something."""
+    return search_met and sla_record(reps, config)[1] == 0
+
+
+def miss_account(reps: Sequence[Replicate], config: str) -> str:
+    """Where ``config``'s replicates missed the SLA, grouped by what they said:
+    ``replicates 2, 3: could not tell ... after 60 requests; more requests ...``."""
+    by_note: dict[str, list[int]] = {}
+    for r in reps:
+        if r.config == config and r.missed:
+            by_note.setdefault(r.note or "missed the SLA at its own load", []).append(
+                r.replicate + 1
+            )
+    parts = []
+    for note, which in by_note.items():
+        word = "replicate" if len(which) == 1 else "replicates"
+        parts.append(f"{word} {', '.join(map(str, which))}: {note}")
+    return "; ".join(parts)
 
 
 def _paired(reps: Sequence[Replicate], config: str, n: int) -> list[float | None]:
     """``config``'s capacity in replicates 0 .. n-1 (None where it has none)."""
     by_rep = {r.replicate: r.capacity for r in reps if r.config == config}
     return [by_rep.get(i) for i in range(n)]
+
+
+# Said once, in the decision's reason, when no config met the SLA in its search launch and in
+# at least 2 confirmation replicates, every one of them.
+NOTHING_MET = "no config was confirmed to meet the SLA"
 
 
 def decide(
@@ -132,12 +194,18 @@ def decide(
     min_effect: float,
     confidence: float = 0.95,
     resolution: float = 0.03,
+    search_misses: Mapping[str, str] | None = None,
 ) -> Decision:
-    """Pick the promoted config from interleaved capacity replicates (module docstring)."""
+    """Pick the promoted config from interleaved capacity replicates (module docstring).
+
+    ``search_misses``: the configs whose search launch missed the SLA at its own load (only
+    the baseline can: candidates are confirmed only when they met it), with what it missed.
+    """
     if not any(r.config == "baseline" for r in reps):
         raise ValueError("confirmation needs baseline replicates")
     n = 1 + max(r.replicate for r in reps)
     base = _paired(reps, "baseline", n)
+    searched = dict(search_misses or {})
     comparisons: dict[str, CapacityComparison] = {}
     for c in candidates:
         if any(r.config == c for r in reps):
@@ -149,29 +217,37 @@ def decide(
                 resolution=resolution,
                 label=c,
             )
+    if "baseline" in searched:
+        comparisons = {
+            c: _over_search_miss(cmp, c, reps, searched) for c, cmp in comparisons.items()
+        }
     open_base = [r.replicate + 1 for r in reps if r.config == "baseline" and _open(r)]
     if open_base:
         # The baseline's capacity is only a floor there: a candidate's lead over it could be
-        # the baseline's unmeasured headroom, so no "better" rests on it.
+        # the baseline's unmeasured headroom, so no "better" by capacity rests on it.
         why = (
             f"the baseline's capacity was only bounded below in replicate "
             f"{', '.join(map(str, open_base))} (no level above it missed)"
         )
         comparisons = {
             c: replace(cmp, verdict="not_enough_data", reason=f"{cmp.reason}; but {why}")
-            if cmp.verdict == "better"
+            if cmp.verdict == "better" and cmp.basis == "capacity"
             else cmp
             for c, cmp in comparisons.items()
         }
     stats = config_stats(reps)
     shown = {c: cmp.to_dict() for c, cmp in comparisons.items()}
     better = [(c, cmp) for c, cmp in comparisons.items() if cmp.verdict == "better"]
+    base_account = miss_account(reps, "baseline")
     if better:
-        name, cmp = max(better, key=lambda item: _rank(item[1]))
+        name, cmp = max(better, key=lambda item: _rank(item[1], stats.get(item[0], {})))
+        reason = cmp.reason
+        if cmp.basis == "sla" and base_account:
+            reason += f" (baseline {base_account})"
         return Decision(
             name,
             False,
-            cmp.reason,
+            reason,
             True,
             cmp.effect,
             cmp.low,
@@ -179,17 +255,23 @@ def decide(
             confidence,
             min_effect,
             cmp.verdict,
+            basis=cmp.basis,
             per_config=stats,
             comparisons=shown,
         )
-    lead = max(comparisons.values(), key=_rank, default=None)
+    lead = max(comparisons.values(), key=lambda cmp: _rank(cmp, {}), default=None)
     reasons = "; ".join(
         f"{cmp.verdict.replace('_', ' ')}: {cmp.reason}" for cmp in comparisons.values()
     )
+    basis = "capacity" if lead is None else lead.basis
+    kept = "kept the baseline: " + (reasons or "no candidate was measured")
+    if "baseline" in searched or sla_record(reps, "baseline")[1]:
+        kept = _nothing_met(reps, comparisons, searched, reasons)
+        basis = "sla"
     return Decision(
         "baseline",
         True,
-        "kept the baseline: " + (reasons or "no candidate was measured"),
+        kept,
         True,
         None if lead is None else lead.effect,
         None if lead is None else lead.low,
@@ -197,9 +279,78 @@ def decide(
         confidence,
         min_effect,
         None if lead is None else lead.verdict,
+        basis=basis,
         per_config=stats,
         comparisons=shown,
     )
+
+
+def _over_search_miss(
+    cmp: CapacityComparison, name: str, reps: Sequence[Replicate], searched: Mapping[str, str]
+) -> CapacityComparison:
+    """A candidate that met the SLA in every replicate against a baseline that met it in
+    every replicate too but missed it in its search launch: the SLA decides (the baseline
+    did not meet it in every measurement), not the capacities."""
+    measured, missed = sla_record(reps, name)
+    if cmp.basis != "capacity" or cmp.verdict == "better" or missed or measured < 2:
+        return cmp
+    base_n = sla_record(reps, "baseline")[0]
+    return replace(
+        cmp,
+        verdict="better",
+        effect=None,
+        low=None,
+        high=None,
+        basis="sla",
+        reason=f"{name} met the SLA at its own load in its search launch and all {measured} "
+        f"replicates, the baseline missed it in its search launch ({searched['baseline']}) "
+        f"and met it in its {base_n} replicates (by capacity, not what decided: "
+        f"{cmp.verdict.replace('_', ' ')}: {cmp.reason})",
+    )
+
+
+def _nothing_met(
+    reps: Sequence[Replicate],
+    comparisons: Mapping[str, CapacityComparison],
+    searched: Mapping[str, str],
+    reasons: str,
+) -> str:
+    """The reason of a decision where no config met the SLA in every measurement: each
+    config's misses once, and the best measured config named."""
+    accounts = [reasons] if reasons else []
+    if "baseline" in searched:
+        accounts.append(f"the baseline missed it in its search launch ({searched['baseline']})")
+    for name in ["baseline", *comparisons]:
+        if account := miss_account(reps, name):
+            accounts.append(f"{name} {account}")
+    best = best_measured(reps, ["baseline", *comparisons], searched)
+    return (
+        f"kept the baseline (engine defaults), although the baseline itself misses the SLA: "
+        f"{NOTHING_MET}: "
+        f"{'; '.join(accounts)}; the best measured: {best}"
+    )
+
+
+def best_measured(
+    reps: Sequence[Replicate], names: Sequence[str], searched: Mapping[str, str]
+) -> str:
+    """The config that met the SLA in the largest share of its measurements (its search
+    launch and its replicates), then served the most where it met it, described."""
+    stats = config_stats(reps)
+
+    def share(name: str) -> tuple[int, int]:
+        measured, missed = sla_record(reps, name)
+        return measured - missed + (name not in searched), measured + 1
+
+    def key(name: str) -> tuple[float, float]:
+        met, of = share(name)
+        return met / of, stats.get(name, {}).get("capacity_mean") or 0.0
+
+    name = max(names, key=key)
+    met, of = share(name)
+    mean = stats.get(name, {}).get("capacity_mean")
+    served = "" if mean is None else f", capacity {mean:.3g} where it met it"
+    return f"{name} (met the SLA in {met} of {of} measurements, search launch included{served})"
 
 
 def _open(r: Replicate) -> bool:
@@ -208,26 +359,32 @@ def _open(r: Replicate) -> bool:
     return r.capacity is not None and r.capacity > 0 and r.high is None
 
 
-def _rank(cmp: CapacityComparison) -> float:
-    """Order comparisons by effect; an unbounded win (baseline at zero) ranks first."""
+def _rank(cmp: CapacityComparison, stats: Mapping[str, Any]) -> tuple[float, float]:
+    """Order comparisons: by effect; a win on the SLA (no effect) first, then by the mean
+    capacity of the replicates (``stats``: the candidate's :func:`config_stats`)."""
     if cmp.effect is None:
-        return float("inf") if cmp.verdict == "better" else float("-inf")
-    return cmp.effect
+        first = float("inf") if cmp.verdict == "better" else float("-inf")
+        return first, float(stats.get("capacity_mean") or 0.0)
+    return cmp.effect, 0.0
 
 
 def decide_without_baseline(reps: Sequence[Replicate], names: Sequence[str]) -> Decision:
     """No baseline to compare with: the first config (best-ranked) that met the SLA at its own
-    load in every replicate, else the first."""
-    ok = [n for n in names if all(r.feasible for r in reps if r.config == n)]
+    load in every replicate, else the first (which then does not meet the SLA)."""
+    ok = [n for n in names if (rec := sla_record(reps, n))[0] and not rec[1]]
     chosen = ok[0] if ok else names[0]
-    return Decision(
-        chosen,
-        False,
-        "the baseline could not be measured (it failed to start); promoted the best-ranked "
-        "candidate" + ("" if ok else ", which missed the SLA in a replicate"),
-        True,
-        per_config=config_stats(reps),
-    )
+    why = "the baseline could not be measured (it failed to start); promoted the best-ranked "
+    if ok:
+        why += "candidate"
+    else:
+        accounts = "; ".join(f"{n}: {a}" for n in names if (a := miss_account(reps, n)))
+        why += (
+            f"candidate {chosen}, which itself misses the SLA: {NOTHING_MET}"
+            + (f": {accounts}" if accounts else "")
+            + f"; the best measured: {best_measured(reps, names, {})}"
+        )
+    basis = "capacity" if ok else "sla"
+    return Decision(chosen, False, why, True, per_config=config_stats(reps), basis=basis)
 
 
 def not_confirmed(reason: str, promoted: str = "baseline") -> Decision:
@@ -249,6 +406,26 @@ def fixed_misses(
     if any(all(o == "meets" for o in v.values()) for v in verdicts):
         return []
     return sorted(missed)
+
+
+def miss_note(note: str | None, stopped_by: str | None, generator_behind: bool | None) -> str:
+    """What a launch that missed the SLA at its own load saw there (``note``: its capacity's
+    ``describe_stop``), and for an undecided level what would decide it: a level the load
+    generator could not send on time needs a steadier machine (more requests would lag the
+    same way); otherwise the limit lies inside the percentile's interval, which more
+    requests narrow."""
+    said = note or "missed the SLA at its own load"
+    if stopped_by != "undecided":
+        return said
+    if generator_behind:
+        return (
+            f"{said}; the load generator fell behind its schedule (a busy machine): a "
+            "steadier machine would decide it, more requests would not"
+        )
+    return (
+        f"{said}; the limit lies inside the percentile's confidence interval: more requests "
+        "per level (workload.requests, up to tune.max_requests_per_level) would decide it"
+    )
 
 
 def known_zero(config: str, replicates: int, where: str) -> list[Replicate]:

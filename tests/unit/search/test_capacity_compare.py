@@ -94,16 +94,38 @@ def test_baseline_failing_everywhere_makes_the_candidate_better() -> None:
     assert compare_capacity([0.0], [1.5]).verdict == "not_enough_data"
 
 
-def test_unmeasured_and_both_zero_pairs_are_left_out() -> None:
+def test_unmeasured_pairs_are_left_out() -> None:
+    # A launch that failed measured nothing: its pair is left out, and said so.
+    c = compare_capacity([2.0, None, 2.1, 2.05], [2.5, 2.6, 2.6, 2.55])
+    assert c.pairs == 3 and c.verdict == "better" and c.basis == "capacity"
+    assert "left out: 1 launch(es) that failed" in c.reason
+
+
+def test_a_pair_where_both_missed_the_sla_is_evidence_against_both() -> None:
+    # Issue 27: a miss is evidence, not missing data. The candidate missed the SLA in one
+    # replicate: whatever its capacity elsewhere, it is not shown to meet the SLA.
     c = compare_capacity([2.0, None, 0.0, 2.1, 2.05], [2.5, 2.6, 0.0, 2.6, 2.55])
-    assert c.pairs == 3
-    assert "both missed" in c.reason
-    assert c.verdict == "better"
+    assert c.verdict == "neither_met" and c.basis == "sla" and c.effect is None
+    assert "missed the SLA at its own load in 1 of 5 replicates" in c.reason
+    assert "the baseline in 1 of 4" in c.reason
 
 
-def test_mixed_baseline_zero_pairs_are_reported_but_not_used() -> None:
-    c = compare_capacity([0.0, 2.0, 2.1], [2.2, 2.2, 2.3])
-    assert c.pairs == 2 and "only the baseline missed" in c.reason
+def test_a_pair_where_only_the_baseline_missed_decides_for_the_candidate() -> None:
+    # Issue 27: once left out as "not enough data"; it is the SLA's verdict on the baseline.
+    c = compare_capacity([0.0, 2.0, 2.1], [2.2, 2.2, 2.3], label="trial-4")
+    assert c.verdict == "better" and c.basis == "sla" and c.effect is None
+    assert c.reason.startswith(
+        "trial-4 met the SLA at its own load in all 3 replicates, the baseline missed it in 1 of 3"
+    )
+    assert "where both met it, 2 pair(s)" in c.reason  # capacity shown, not what decided
+
+
+def test_the_quick_start_on_a_busy_machine_promotes_the_config_that_met_the_sla() -> None:
+    # Issue 27: trial 4 met the SLA at 3.70 / 3.85 / 3.82 req/s, the baseline at 2.95 and then
+    # twice undecided at its own load (capacity 0): trial 4 is better, on the SLA.
+    c = compare_capacity([2.95, 0.0, 0.0], [3.70, 3.85, 3.82], label="trial-4")
+    assert c.verdict == "better" and c.basis == "sla"
+    assert "not enough data" not in c.reason and "left out" not in c.reason
 
 
 def test_a_a_comparison_rarely_says_better() -> None:
