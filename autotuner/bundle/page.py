@@ -527,6 +527,24 @@ def _fmt_pct(v: float | None) -> str:
     return "?" if v is None or not math.isfinite(v) else f"{v * 100:+.1f} %"
 
 
+def _finite(v: object) -> float | None:
+    """``v`` when it is a finite number (a manifest's free-form entry may hold anything)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _comparison(cmp: Mapping[str, Any]) -> dict[str, Any]:
+    """One candidate's comparison with the baseline, its numbers checked, its words cleaned."""
+    out: dict[str, Any] = {
+        k: _finite(cmp.get(k)) for k in ("effect", "low", "high", "confidence", "min_effect")
+    }
+    pairs = cmp.get("pairs")
+    out["pairs"] = pairs if isinstance(pairs, int) and not isinstance(pairs, bool) else "?"
+    out["verdict"] = clean(cmp.get("verdict") or "?").replace("_", " ")
+    return out
+
+
 def _state(launches: Sequence[Launch], manifest: Manifest | None, study: optuna.Study) -> str:
     if manifest is not None and manifest.promoted is not None:
         return "promoted"
@@ -672,7 +690,7 @@ def _confirmation(manifest: Manifest | None, plan: ConfirmPlanFile | None) -> Re
     count = max([r.replicate for r in reps], default=-1) + 1
     rows = [
         {
-            lab: next((r for r in reps if r.config == lab and r.replicate == i), None)
+            clean(lab): next((r for r in reps if r.config == lab and r.replicate == i), None)
             for lab in labels
         }
         for i in range(count)
@@ -682,7 +700,7 @@ def _confirmation(manifest: Manifest | None, plan: ConfirmPlanFile | None) -> Re
     return Replicates(
         configs=[clean(x) for x in labels],
         rows=rows,
-        comparisons={clean(k): v for k, v in comparisons.items()},
+        comparisons={clean(k): _comparison(v) for k, v in comparisons.items()},
         planned=plan.replicates if plan else None,
         finished=plan.finished if plan else None,
         unit=clean(conf.load_unit) if conf and conf.load_unit else "req/s",
