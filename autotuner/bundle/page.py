@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,9 @@ from autotuner.measure.quantile import quantile_interval
 from autotuner.records.base import RecordError
 from autotuner.records.confirm import ConfirmPlanFile
 from autotuner.records.manifest import DecisionRecord, Manifest, NoDecision, ReplicateRecord
+from autotuner.records.owner import StudyLockFile
 from autotuner.records.trial import CapacityRecord, StudyRecord, TrialFile, TrialRecord
+from autotuner.search.lock import LOCK_NAME, owner_state
 from autotuner.search.pareto import pareto_front
 from autotuner.search.study import feasible
 from autotuner.sla.spec import Constraint, Sla
@@ -545,11 +549,25 @@ def _comparison(cmp: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _state(launches: Sequence[Launch], manifest: Manifest | None, study: optuna.Study) -> str:
+def _tuner(study_dir: Path) -> str | None:
+    """Who tunes the study now, from its lock file (None: no tuner alive on this host, or
+    this process: tune writing the page into its bundle)."""
+    try:
+        lock = StudyLockFile.read_or_none(study_dir / LOCK_NAME)
+    except (RecordError, OSError):
+        return None
+    if lock is None or (lock.owner.pid == os.getpid() and lock.owner.host == socket.gethostname()):
+        return None
+    return clean(lock.owner.describe()) if owner_state(lock.owner) == "alive" else None
+
+
+def _state(
+    launches: Sequence[Launch], manifest: Manifest | None, study: optuna.Study, tuner: str | None
+) -> str:
     if manifest is not None and manifest.promoted is not None:
         return "promoted"
     running = any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in study.trials)
-    if running:
+    if running or tuner is not None:
         return "running"
     launched = [x for x in launches if x.status not in ("pruned", "duplicate")]
     if not launched:
@@ -564,6 +582,7 @@ def _headline(
     manifest: Manifest | None,
     launches: Sequence[Launch],
     best: Launch | None,
+    tuner: str | None = None,
 ) -> str:
     if state == "promoted" and manifest is not None and manifest.promoted is not None:
         p = manifest.promoted
@@ -599,6 +618,8 @@ def _headline(
         if not p.meets_sla:
             sentence += " No confirmed config meets the SLA."
         return sentence
+    if state == "running" and tuner is not None:
+        return f"This study is being tuned now ({tuner}): no decision has been made yet."
     if state == "running":
         return "This study is still running (or was interrupted): no decision has been made yet."
     if state == "no_launch":
@@ -785,7 +806,8 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
     else:
         launches += _unrecorded_replicates(study_dir, base, constraints, confidence)
     plan = _plan(study_dir)
-    state = _state(launches, manifest, study)
+    tuner = _tuner(study_dir)
+    state = _state(launches, manifest, study, tuner)
     held = [x for x in launches if x.number is not None and x.capacity and x.capacity.low > 0]
     best = max(held, key=lambda x: x.capacity.value if x.capacity else 0.0, default=None)
     promoted = _promoted(manifest, base) if manifest is not None else None
@@ -800,7 +822,11 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
     if sla is None:
         missing.append("sla.yaml could not be read: limits come from the manifest, if any")
     notes = []
-    if any(x.status == "running" for x in launches):
+    if tuner is not None and state != "running":
+        notes.append(
+            f"a tuner works on this study now ({tuner}): this page shows what it had recorded"
+        )
+    if tuner is None and any(x.status == "running" for x in launches):
         notes.append(
             "launches marked running were in progress when this page was written, or their "
             "tuner stopped without ending them (a later tune fails and re-runs them)"
@@ -826,7 +852,7 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
     return Page(
         name=name,
         state=state,
-        headline=clean(_headline(state, manifest, launches, best)),
+        headline=clean(_headline(state, manifest, launches, best, tuner)),
         rests_on=_rests_on(manifest, launches, plan),
         decision_reason=clean(d.reason) if d is not None else None,
         identity={clean(k): clean(v) for k, v in (record.identity or {}).items()},

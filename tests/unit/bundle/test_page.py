@@ -9,17 +9,21 @@ tests/unit/bundle/test_page_browser.py opens the same pages in a real browser.
 from __future__ import annotations
 
 import re
+import socket
+import subprocess
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 import pytest
 
 from autotuner.bundle import page
 from autotuner.bundle.promote import promote
 from autotuner.cli.main import main
+from autotuner.records.owner import ProcessOwner, StudyLockFile
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import parse_sla
@@ -240,6 +244,30 @@ def test_a_running_study_says_no_decision_yet(tmp_path: Path) -> None:
     words = _text(page.render(built))
     assert "still running (or was interrupted): no decision has been made yet" in words
     assert "running" in [x.status for x in built.launches]
+
+
+def test_a_study_a_live_tuner_holds_says_who_tunes_it(tmp_path: Path) -> None:
+    study, study_dir = failed_study(tmp_path)
+    tuner = subprocess.Popen(["sleep", "60"])  # stands in for a tune holding the study
+    try:
+        owner = ProcessOwner(
+            pid=tuner.pid,
+            host=socket.gethostname(),
+            started=psutil.Process(tuner.pid).create_time(),
+            since="2026-01-01T00:00:00+00:00",
+        )
+        StudyLockFile(owner=owner, command="autotuner tune").write(study_dir / "tune.lock")
+        built = page.build(study, study_dir)
+    finally:
+        tuner.kill()
+        tuner.wait()
+    assert built.state == "running"
+    assert built.headline == (
+        f"This study is being tuned now (pid {tuner.pid} on host {socket.gethostname()} since "
+        "2026-01-01T00:00:00+00:00): no decision has been made yet."
+    )
+    # Once that tuner is gone, the lock file left behind says nothing.
+    assert page.build(study, study_dir).state == "failed"
 
 
 def test_report_html_writes_the_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
