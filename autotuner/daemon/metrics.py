@@ -197,6 +197,8 @@ class StoreCollector(Collector):
         )
         for job in s.last_rechecks():
             out = job.outcome or {}
+            if "meets_sla" in out and out["meets_sla"] is None:
+                continue  # measured nothing (the engine failed): no check to report
             when.add_metric([job.sla], float(job.finished or 0.0))
             met.add_metric([job.sla], 1.0 if out.get("meets_sla") else 0.0)
             if isinstance(out.get("goodput"), int | float):

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 from autotuner.daemon import jobs
 from autotuner.daemon.config import next_run
 from autotuner.daemon.store import Job
+from autotuner.records.base import RecordError
 from autotuner.records.bench import BenchResult
 from autotuner.records.compare import EngineComparison
+from autotuner.records.outcome import JobOutcome
 from autotuner.sla.spec import SlaError, parse_sla
 
 if TYPE_CHECKING:
@@ -96,6 +98,13 @@ def _sla_met(
 
 
 def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
+    """A re-check's verdict: exit 0 met the SLA, exit 1 measured a miss (sla_violation and a
+    re-tune). Anything else is no verdict on the SLA: the engine failed (exit 3: it did not
+    start, e.g. a host short of memory for a moment, or crashed while measured), so nothing
+    was measured; it raises no sla_violation and queues no re-tune, and the promotion in force
+    stands (the job kind retries such an exit before it fails the job: kinds.Recheck)."""
+    if code not in (0, 1):
+        return _recheck_failed(d, job, code)
     row = d.store.get_sla(job.sla)
     bench = BenchResult.read_or_none(d.layout.run_dir(job.sla, job.id) / "result.json")
     goodput = bench.metrics.get("goodput") if bench else None
@@ -105,13 +114,12 @@ def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     p = row.promotion
     engine = p["engine"]
     if code != 0:
-        why = "the engine failed to start" if code == 3 else "it missed the SLA"
         d.alert(
             "sla_violation",
             job.sla,
             "critical",
             f"{job.sla}: the promoted config ({p.get('label')}) no longer meets the SLA on "
-            f"{engine}: {why}; re-tuning",
+            f"{engine}: it missed the SLA; re-tuning",
             {"engine": engine, "goodput": goodput},
         )
         if not d.store.pending(job.sla, "tune"):
@@ -133,6 +141,25 @@ def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
                 {"engine": engine, "expected": expected, "measured": goodput},
             )
     return out
+
+
+def _recheck_failed(d: Daemon, job: Job, code: int) -> dict[str, Any]:
+    """A re-check that measured nothing (the engine failed): an error outcome, never a
+    verdict on the SLA (recheck_done)."""
+    said = None
+    with contextlib.suppress(OSError, RecordError):
+        outcome = JobOutcome.read_or_none(d.layout.outcome(job.sla, job.id))
+        said = outcome.message if outcome is not None else None
+    why = f"exit {code}" + (f": {said}" if said else "")
+    d.alert(
+        "job_failed",
+        job.sla,
+        "warning",
+        f"{job.sla}: the re-check of the promoted config measured nothing ({why}); no verdict "
+        "on the SLA: the promotion stays in force and no re-tune is queued",
+        {"job": job.id, "exit_code": code},
+    )
+    return {"meets_sla": None, "goodput": None, "exit_code": code, "error": why}
 
 
 def regression_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
