@@ -80,6 +80,7 @@ class Launch:
     levels: list[LevelPoint] = field(default_factory=list)
     log_tail: str = ""
     basis: str = "single run"
+    startup_s: float | None = None  # the engine's start, part of duration_s
 
     @property
     def gpu_s(self) -> float | None:
@@ -317,6 +318,7 @@ def _search_launches(
                 reason=clean(reason),
                 capacity=cap,
                 duration_s=tf.duration_s if tf and tf.duration_s else None,
+                startup_s=tf.startup_s if tf else None,
                 gpus=_gpus(tf),
                 levels=_levels(tf, run_dir, constraints, confidence) if tf else [],
                 log_tail=clean(tail) if isinstance(tail, str) and status == "failed" else "",
@@ -358,6 +360,7 @@ def _replicate_launches(
                 reason=clean(tf.reason or "") if tf else "",
                 capacity=cap,
                 duration_s=tf.duration_s if tf and tf.duration_s else None,
+                startup_s=tf.startup_s if tf else None,
                 gpus=_gpus(tf),
                 levels=_levels(tf, study_dir / rep.run_dir, constraints, confidence) if tf else [],
                 basis="confirmation replicate",
@@ -394,6 +397,7 @@ def _unrecorded_replicates(
                 reason=clean(tf.reason or ""),
                 capacity=tf.capacity,
                 duration_s=tf.duration_s or None,
+                startup_s=tf.startup_s,
                 gpus=_gpus(tf),
                 levels=_levels(tf, d, constraints, confidence),
                 basis=_UNDECIDED,
