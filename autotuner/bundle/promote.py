@@ -17,6 +17,7 @@ when profiled, ``kernel_breakdown.csv``.
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -388,7 +389,10 @@ def promote(
     front = pareto_front(cands, directions)
     ranked = rank(front, directions)
     if not ranked:
-        say("no measured config met the SLA: nothing to promote (see `autotuner report`)")
+        say(
+            f"no measured config met the SLA: nothing to promote{_closest(ctx, cands)} "
+            "(see `autotuner report`)"
+        )
         nothing = NoDecision(reason="no measured config met the SLA")
         manifest = _manifest(ctx, None, nothing, [], ranked, {})
         manifest.write(ctx.study_dir / "no_promotion.json")
@@ -435,6 +439,23 @@ def promote(
     )
     StudyRecord(promotion=note).save(ctx.study.set_user_attr)
     return manifest.to_data()
+
+
+def _closest(ctx: Context, cands: Sequence[Candidate]) -> str:
+    """``; the closest: trial-3, p99_ttft_ms missed by 12 % at the SLA's own load``: the
+    measured config whose worst constraint margin is the smallest ("" when none recorded)."""
+    best: tuple[Candidate, str, float] | None = None
+    for c in cands:
+        margins = TrialRecord.from_trial(ctx.study.trials[c.trial]).constraints
+        if margins:
+            key, worst = max(margins.items(), key=lambda kv: kv[1])
+            if best is None or worst < best[2]:
+                best = (c, key, worst)
+    if best is None:
+        return ""
+    c, key, worst = best
+    by = f"by {worst:.0%}" if math.isfinite(worst) else "(not measurable)"
+    return f"; the closest: {_label(c)}, {key} missed {by} at the SLA's own load"
 
 
 def _kernel_profiles(

@@ -192,6 +192,18 @@ def test_a_candidate_rejected_for_a_miss_is_no_fallback(tmp_path: Path) -> None:
     assert "| capacity | 15.00 req/s (mean of 3 replicates) |" in plan
 
 
+def test_nothing_feasible_names_the_config_closest_to_the_sla(tmp_path: Path) -> None:
+    # Every config misses the p99 TTFT limit of 1 ms at the SLA's own load: nothing to
+    # promote, said once, with the measured config that came closest.
+    sc = Scenario(limit=1.0)
+    ctx = _study(tmp_path, sc)
+    said: list[str] = []
+    manifest = promote(ctx, sc.confirm_run, said.append)
+    assert manifest["promoted"] is None and sc.confirm_calls == []
+    (line,) = [s for s in said if "no measured config met the SLA" in s]
+    assert "the closest: trial-1, p99_ttft_ms missed by 525% at the SLA's own load" in line
+
+
 def test_the_chart_says_why_the_promoted_baseline_is_off_the_front(tmp_path: Path) -> None:
     # One objective: the front is trial 4 alone; within the noise, the baseline stays.
     sc = Scenario(confirm={32: [15.2, 15.0, 14.8], DEFAULT_SEQS: [15.0, 15.1, 14.9]})
