@@ -101,4 +101,5 @@ def test_every_subpackage_and_the_search_spaces_ship_in_the_wheel(tmp_path: Path
     }
     assert packages <= names, f"missing from the wheel: {sorted(packages - names)}"
     assert "autotuner/search_spaces/vllm.yaml" in names
+    assert "autotuner/bundle/templates/report.html.j2" in names  # the study page's template
     assert not any("__pycache__" in n for n in names)
