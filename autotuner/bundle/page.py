@@ -16,6 +16,7 @@ file or an engine is escaped, and control characters are shown as ``\\xNN``.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -506,6 +507,23 @@ def _profile(tf: TrialFile | None, title: str) -> report.LatencyProfile | None:
     return report.LatencyProfile(clean(title), pct, phases, cache)
 
 
+def _bundle_latency(bundle: Path, promoted: bool) -> Markup | None:
+    """The bundle's own latency breakdown when it has a kernel panel (profiled configs: the
+    profiles are not kept in the study), as an image: an SVG shown through ``<img>`` runs no
+    script, whatever the file holds."""
+    svg_file = bundle / "latency_breakdown.svg"
+    if not promoted or not (bundle / "kernel_breakdown.csv").is_file():
+        return None
+    try:
+        data = base64.b64encode(svg_file.read_bytes()).decode("ascii")
+    except OSError:
+        return None
+    return Markup(
+        '<img class="bundle-svg" alt="latency breakdown with the kernel-class panel" '
+        f'src="data:image/svg+xml;base64,{data}">'
+    )
+
+
 def _latency(
     study: optuna.Study, study_dir: Path, shown: int | None, name: str, promoted: bool
 ) -> Markup | None:
@@ -869,7 +887,8 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
         launches=launches,
         confirmation=_confirmation(manifest, plan),
         pareto=_pareto(study, record.objectives, manifest, name),
-        latency=_latency(study, study_dir, shown, name, promoted is not None),
+        latency=_bundle_latency(bundle, promoted is not None)
+        or _latency(study, study_dir, shown, name, promoted is not None),
         missing=missing,
         notes=notes,
         hardware=_hardware(manifest),

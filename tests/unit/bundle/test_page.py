@@ -8,6 +8,7 @@ tests/unit/bundle/test_page_browser.py opens the same pages in a real browser.
 
 from __future__ import annotations
 
+import base64
 import re
 import socket
 import subprocess
@@ -23,10 +24,12 @@ import pytest
 from autotuner.bundle import page
 from autotuner.bundle.promote import promote
 from autotuner.cli.main import main
+from autotuner.measure.kernels import aggregate
 from autotuner.records.owner import ProcessOwner, StudyLockFile
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import TrialResult
 from autotuner.sla.spec import parse_sla
+from tests.unit.measure.test_kernels import cpu_trace
 
 from .test_promote import SLA, Scenario, _level, _study
 
@@ -201,6 +204,22 @@ def test_promotion_writes_the_page_into_the_bundle(tmp_path: Path) -> None:
     assert "at 95 % confidence" in words
     assert "max_num_seqs" in words and "(engine default)" in words
     assert 'id="replicates"' in html
+
+
+def test_a_profiled_bundle_shows_its_kernel_panel(tmp_path: Path) -> None:
+    sc = Scenario(confirm={32: [30.0, 31.0, 29.0], 16: [15.0, 15.5, 14.5]})
+    ctx = _study(tmp_path, sc)
+    promote(
+        ctx, sc.confirm_run, lambda s: None, lambda p, d: aggregate([cpu_trace()], window_s=2.0)
+    )
+    html = (ctx.study_dir / "promoted" / "report.html").read_text()
+    found = re.search(
+        r'<figure id="latency"><img [^>]*src="data:image/svg\+xml;base64,([^"]+)"', html
+    )
+    assert found is not None
+    shown = base64.b64decode(found[1]).decode()
+    assert shown == (ctx.study_dir / "promoted" / "latency_breakdown.svg").read_text()
+    assert 'class="kernel"' in shown
 
 
 def test_a_hostile_study_renders_as_text(tmp_path: Path) -> None:
