@@ -18,10 +18,14 @@ from xml.etree import ElementTree
 
 from autotuner.bundle.promote import promote
 from autotuner.bundle.summary import render
+from autotuner.measure.quality import GateResult
 from autotuner.records.trial import CapacityRecord
 from autotuner.search.confirm import NOTHING_MET
 from autotuner.search.trial import Level, TrialResult
 
+from .test_lossy_tier import CONFIRM as LOSSY_CONFIRM
+from .test_lossy_tier import Scenario as LossyScenario
+from .test_lossy_tier import study as lossy_study
 from .test_promote import DEFAULT_SEQS, SLA, Scenario, _read_manifest, _seqs, _study
 
 UNDECIDED = "could not tell whether it meets the SLA at poisson 1 req/s: p99_ttft_ms undecided"
@@ -190,6 +194,25 @@ def test_a_candidate_rejected_for_a_miss_is_no_fallback(tmp_path: Path) -> None:
     assert "trial 4 (Pareto point)" not in plan and "## 1. trial 4" not in plan
     assert "trial 4 is not offered as a fallback" in plan
     assert "| capacity | 15.00 req/s (mean of 3 replicates) |" in plan
+
+
+def test_the_chart_says_why_a_gated_out_lossy_point_leads_the_promoted_one(
+    tmp_path: Path,
+) -> None:
+    # The lossy study: fp8 (trial 2) leads the front, the quality gate fails it, the lossless
+    # winner (trial 1) is promoted off the front; once unexplained on the chart.
+    failing = GateResult("fail", "token agreement 80.0% < 95.0%", prompts=16, positions=50)
+    sc = LossyScenario(LOSSY_CONFIRM, gate=failing)
+    ctx = lossy_study(tmp_path, sc)
+    manifest = promote(ctx, sc.confirm_run, lambda s: None, gate=sc.gate_run)
+    assert manifest["promoted"]["trial"] == 1 and 1 not in manifest["pareto_front"]
+    notes = _chart_notes((ctx.study_dir / "promoted" / "pareto.svg").read_text())
+    assert notes == (
+        "promoted: trial 1, not on the front: the points ahead of it have lossy settings, "
+        "which only the quality gate admits not promoted: trial 2 (lossy settings; quality "
+        "gate fail)"
+    )
+    assert manifest["pareto_notes"][1].endswith("trial 2 (lossy settings; quality gate fail)")
 
 
 def test_nothing_feasible_names_the_config_closest_to_the_sla(tmp_path: Path) -> None:
