@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from autotuner.core.types import ParamValue
 from autotuner.records.base import Record
 from autotuner.records.lossy import LossyTier
-from autotuner.records.trial import CapacityRecord
+from autotuner.records.trial import CapacityRecord, Load
 
 SCHEMA = "autotuner/optimization_manifest/1"  # the name the manifest carried before records
 
@@ -119,9 +119,9 @@ class ReplicateRecord(_Part):
     metrics: dict[str, float | None]
     run_dir: str  # relative to the study directory
     slack: float | None = None  # version 1
-    capacity: float | None = None  # version 2 (0: missed the SLA at its own load)
-    low: float | None = None
-    high: float | None = None
+    capacity: Load | None = None  # version 2 (0: missed the SLA at its own load)
+    low: Load | None = None
+    high: Load | None = None
     stopped_by: str | None = None
     # Where it missed the SLA at its own load: what it missed (for an undecided level, what
     # would decide it), and that level's margins and verdicts.

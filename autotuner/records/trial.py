@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,12 @@ from autotuner.records.owner import ProcessOwner
 TrialStatus = Literal["complete", "stopped_early", "failed"]
 Role = Literal["baseline", "candidate"]
 SetAttr = Callable[[str, Any], None]
+
+# A load (req/s, or concurrent requests) as a record may hold it: finite, >= 0 and far below
+# what overflows the arithmetic on it (a tampered 1e300 made a confirmation's exp() overflow).
+# No engine comes near the bound, so a value beyond it is a damaged or edited file.
+MAX_LOAD = 1e12
+Load = Annotated[float, Field(ge=0, le=MAX_LOAD, allow_inf_nan=False)]
 
 
 class _Trial(Protocol):
@@ -55,9 +61,9 @@ class CapacityRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    value: float
-    low: float
-    high: float | None
+    value: Load
+    low: Load
+    high: Load | None
     unit: str  # "req/s", or "concurrent requests" for a closed-loop workload
     stopped_by: str
     note: str = ""
@@ -211,7 +217,7 @@ class LevelRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    load: float  # arrival rate (req/s) or concurrency
+    load: Load  # arrival rate (req/s) or concurrency
     feasible: bool
     metrics: dict[str, float | None]
     margins: dict[str, float | None]  # per constraint key; None = not measurable
