@@ -819,7 +819,12 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
         for lab, st in d.per_config.items():
             number = _trial_of(study, lab)
             if number is not None and st.replicates:
-                confirmed_trials[number] = f"confirmed, {st.replicates} replicates"
+                missed = sum(1 for c in st.capacities if c is not None and c <= 0)
+                confirmed_trials[number] = (
+                    f"confirmed, missed the SLA in {missed} of {st.replicates} replicates"
+                    if missed
+                    else f"confirmed, {st.replicates} replicates"
+                )
     launches = _search_launches(study, study_dir, constraints, confidence, confirmed_trials)
     base = next((x.params for x in launches if x.role == "baseline"), {})
     conf = manifest.measurements.confirmation if manifest and manifest.measurements else None
