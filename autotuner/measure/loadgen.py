@@ -121,6 +121,7 @@ class LoadResult:
     duration_s: float
     warmup_failed: int = 0
     monitor: dict[str, Any] = field(default_factory=dict)
+    warmup_s: float = 0.0  # wall seconds of the warm-up requests before the measured part
 
     @property
     def ok(self) -> list[RequestRecord]:
@@ -161,6 +162,7 @@ class LoadResult:
             "plan": self.plan,
             "duration_s": self.duration_s,
             "warmup_failed": self.warmup_failed,
+            "warmup_s": self.warmup_s,
             "monitor": self.monitor,
             "records": [asdict(r) for r in self.records],
         }
@@ -174,6 +176,7 @@ class LoadResult:
             duration_s=float(data["duration_s"]),
             warmup_failed=int(data.get("warmup_failed", 0)),
             monitor=dict(data.get("monitor", {})),
+            warmup_s=float(data.get("warmup_s", 0.0)),
         )
 
 
@@ -377,7 +380,9 @@ async def run_load(
     """
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
+        warm_start = time.monotonic()
         warmup_failed = await _warmup(session, base_url, model, plan)
+        warmup_s = time.monotonic() - warm_start
         async with around or contextlib.nullcontext():
             run = _Run(base_url, model, plan.api, plan.request_timeout_s)
             ticker = asyncio.create_task(_tick(run, plan, progress, progress_every_s))
@@ -394,7 +399,11 @@ async def run_load(
             progress(_progress(run, plan))
     records = tuple(sorted(run.records, key=lambda r: r.index))
     return LoadResult(
-        plan=plan.describe(), records=records, duration_s=run.last_end, warmup_failed=warmup_failed
+        plan=plan.describe(),
+        records=records,
+        duration_s=run.last_end,
+        warmup_failed=warmup_failed,
+        warmup_s=warmup_s,
     )
 
 
