@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from autotuner.core.paths import atomic_write_text
 from autotuner.daemon import diskfull, service
 from autotuner.daemon.api import make_app
 from autotuner.daemon.config import DaemonConfig
@@ -116,14 +117,14 @@ class FullDisk:
             if db.total_changes != before:  # SQLite fails the commit that needs a page
                 db.execute("ROLLBACK")
                 error = sqlite3.OperationalError("database or disk is full")
-                error.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+                error.sqlite_errorcode = sqlite3.SQLITE_FULL
                 raise error
             db.execute("COMMIT")
 
         def enospc(path: Any, *args: Any, **kwargs: Any) -> None:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        real_write = service.atomic_write_text
+        real_write = atomic_write_text
         real_probe = diskfull.probe
 
         def write(path: Path, *args: Any, **kwargs: Any) -> None:

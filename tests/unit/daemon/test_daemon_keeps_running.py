@@ -24,7 +24,7 @@ from autotuner.daemon.config import ConfigError, load_config
 from autotuner.daemon.errors import StoreDamaged, SubmitError
 from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Store
-from autotuner.sla.spec import Sla
+from autotuner.sla.spec import Sla, parse_sla
 
 from .conftest import SLA, FullDisk, api_client, bearer, make_daemon
 
@@ -235,7 +235,7 @@ def test_parse_threads_are_bounded_and_a_flood_is_refused_fast(
     release = threading.Event()
     lock = threading.Lock()
     count = {"calls": 0, "now": 0, "peak": 0}
-    real = service.parse_sla
+    real = parse_sla
 
     def slow(*args: Any, **kwargs: Any) -> Sla:
         with lock:

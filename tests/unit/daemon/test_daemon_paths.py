@@ -14,9 +14,7 @@ import shutil
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,27 +34,13 @@ from autotuner.workload.datafiles import DataFileError
 from autotuner.workload.datasets import read_dataset
 from autotuner.workload.traces import read_trace
 
-from .test_daemon_input import SLA, _env
+from .conftest import SLA, make_daemon
 
 
 @pytest.fixture(autouse=True)
-def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reg = {"eng-a": _env("eng-a")}
-    monkeypatch.setattr(envs, "list_envs", lambda: list(reg.values()))
-    monkeypatch.setattr(envs, "get", lambda name: reg[name])
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AUTOTUNER_LEASE_DIR", str(tmp_path / "leases"))
-
-
-def _daemon(state: Path, **config: Any) -> Daemon:
-    return Daemon(DaemonConfig(state_dir=state, **config))
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = _daemon(tmp_path / "state")
-    yield d
-    d.close()
 
 
 def _elsewhere(tmp_path: Path) -> Path:
@@ -106,11 +90,11 @@ def test_a_state_dir_whose_spool_folder_is_a_link_does_not_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "state"
-    _daemon(root).close()
+    make_daemon(root).close()
     elsewhere = _elsewhere(tmp_path)
     _swap_for_link(root / "spool" / "failed", elsewhere)
     with pytest.raises(SpoolTreeError) as err:
-        _daemon(root)
+        make_daemon(root)
     assert err.value.exit_code == 2
     assert str(err.value).startswith(f"{root / 'spool' / 'failed'} is a symbolic link")
     argv = ["daemon", "--state-dir", str(root), "--port", "0"]
@@ -118,7 +102,7 @@ def test_a_state_dir_whose_spool_folder_is_a_link_does_not_start(
     out = capsys.readouterr().err
     assert "not a folder the daemon made" in out and "Traceback" not in out
     (root / "spool" / "failed").unlink()
-    _daemon(root).close()  # the failed starts freed the state directory
+    make_daemon(root).close()  # the failed starts freed the state directory
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
@@ -306,16 +290,16 @@ def test_a_non_ascii_token_file_stops_the_start_with_what_to_do(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "state"
-    _daemon(root).close()
+    make_daemon(root).close()
     (root / "token").write_text("tökén-" * 8 + "\n")
     with pytest.raises(TokenFileError) as err:
-        _daemon(root)
+        make_daemon(root)
     assert err.value.exit_code == 2
     assert str(err.value).startswith(f"{root / 'token'}: the API token must be printable ASCII")
     assert main(["daemon", "--state-dir", str(root), "--port", "0"]) == 2
     assert "delete it and the daemon makes a new one" in capsys.readouterr().err
     (root / "token").unlink()
-    d = _daemon(root)  # a new token, and the failed starts left nothing held
+    d = make_daemon(root)  # a new token, and the failed starts left nothing held
     try:
         assert d.token.isascii() and len(d.token) >= 32
     finally:
