@@ -599,6 +599,24 @@ def _state(
     return "not_promoted"
 
 
+def _kept_against(d: DecisionRecord) -> str:
+    """What the kept baseline was compared with: each candidate's effect with its interval."""
+    out = ""
+    for label, raw in d.comparisons.items():
+        cmp = _comparison(raw)
+        if cmp["effect"] is None:
+            continue
+        span = ""
+        if cmp["low"] is not None and cmp["high"] is not None:
+            span = f" [{_fmt_pct(cmp['low'])}, {_fmt_pct(cmp['high'])}]"
+        conf = f" at {cmp['confidence'] * 100:.0f} %" if cmp["confidence"] else ""
+        out += (
+            f" {clean(label)} against it: {_fmt_pct(cmp['effect'])}{span}{conf} from "
+            f"{cmp['pairs']} pairs ({cmp['verdict']})."
+        )
+    return out
+
+
 def _headline(
     state: str,
     manifest: Manifest | None,
@@ -637,6 +655,8 @@ def _headline(
             if missed:
                 over = f"mean of the {len(held)} of {len(held) + missed} that met the SLA"
             sentence += f" Confirmed capacity {mean:.3g} {unit} ({over})."
+        if p.is_baseline and isinstance(d, DecisionRecord):
+            sentence += _kept_against(d)
         if not p.meets_sla:
             sentence += " No confirmed config meets the SLA."
         return sentence

@@ -95,7 +95,8 @@ def test_a_committed_study_renders_with_its_decision_table_and_charts(
     assert opened.errors == []
     assert tab.inner_text("#decision") == (
         "Serve the engine defaults (baseline). Confirmed capacity 21.9 req/s (mean of 3 "
-        "replicates)."
+        "replicates). trial-1 against it: +32.2 % [+11.4 %, +56.9 %] at 95 % from 3 pairs "
+        "(better)."
     )
     assert "confirmed: 3 replicate pairs" in tab.inner_text("#rests-on")
     assert tab.locator("#launches tbody tr").count() == 9
