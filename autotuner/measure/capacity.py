@@ -38,6 +38,12 @@ not measurable).
 3. Stop when (high - low) / low <= ``resolution`` (or, with a ``quantum`` such as integer
    concurrency, when no quantum lies strictly inside), or when ``max_levels`` are spent.
 
+The capacity claims only what was shown: its value is the highest level measured to meet the
+SLA (``low``), and the bracket above it (``high``) is the uncertainty. The interpolated
+crossing only places probes; it is kept beside the value as ``estimate`` and never reported as
+the capacity (on the CPU quick start a search stopped by its budget with a 26 % bracket once
+claimed 2.95 req/s where the highest level that met the SLA was 2.38).
+
 Undecided levels (the percentile's confidence interval straddles the limit): the same rate is
 measured again, up to ``remeasure_undecided`` times (the caller should add requests, or pool
 them with the first measurement, so the interval narrows; :attr:`CapacitySearch.extending`
@@ -91,10 +97,11 @@ class Capacity:
 
     ``low`` is the highest rate measured to meet the SLA (0 when none did), ``high`` the lowest
     rate above it that missed or stayed undecided (None when no level above ``low`` did).
-    ``value`` is the estimate of where the SLA's worst margin crosses zero, inside [low, high]:
-    the geometric mean of the chord and secant estimates (module docstring) that exist, the
-    bracket's geometric midpoint when none does; ``low`` when there is no ``high``; 0 when
-    nothing met the SLA.
+    ``value`` is the capacity claimed: ``low``, the highest rate shown to meet the SLA (0 when
+    nothing met it); [low, high] is its uncertainty. ``estimate`` is where the SLA's worst
+    margin is estimated to cross zero inside [low, high] (the geometric mean of the chord and
+    secant estimates of the module docstring that exist, the bracket's geometric midpoint when
+    none does): what the search aimed at, never claimed; None without a closed bracket.
     """
 
     value: float
@@ -103,6 +110,7 @@ class Capacity:
     unit: str
     levels: tuple[MeasuredLevel, ...]
     stopped_by: StopReason
+    estimate: float | None = None  # the interpolated crossing (not claimed; see above)
 
     @property
     def width(self) -> float | None:
@@ -305,9 +313,10 @@ class CapacitySearch:
         if hi is None:
             return Capacity(lo.rate, lo.rate, None, self.unit, self.levels, stopped)
         estimates = [x for x in (_crossing(lo, hi), self._secant(lo, hi)) if x is not None]
-        value = math.prod(estimates) ** (1 / len(estimates)) if estimates else None
-        value = math.sqrt(lo.rate * hi.rate) if value is None else value
-        return Capacity(value, lo.rate, hi.rate, self.unit, self.levels, stopped)
+        guess = math.prod(estimates) ** (1 / len(estimates)) if estimates else None
+        guess = math.sqrt(lo.rate * hi.rate) if guess is None else guess
+        # Claimed: the highest level shown to meet the SLA, never the interpolation.
+        return Capacity(lo.rate, lo.rate, hi.rate, self.unit, self.levels, stopped, guess)
 
     # ------------------------------------------------------------------ internals
 

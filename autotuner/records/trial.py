@@ -52,8 +52,9 @@ class CapacityRecord(BaseModel):
     """A launch's capacity: the highest load that meets the SLA, inside a bracket.
 
     ``low`` is the highest load measured to meet the SLA (0: none did), ``high`` the lowest
-    load above it that missed or stayed undecided (None: none did), ``value`` the estimate
-    between them. ``stopped_by`` says why the search ended (``resolution``: the bracket is
+    load above it that missed or stayed undecided (None: none did), ``value`` the capacity
+    claimed: ``low``, only what was shown (records written before issue 28 may hold an
+    interpolated value between them). ``stopped_by`` says why the search ended (``resolution``: the bracket is
     within ``resolution``; ``budget``: the launch's levels were spent; ``max_rate``;
     ``infeasible_at_start``, ``infeasible``, ``undecided``; ``legacy``: derived from a record
     written before capacities) and ``note`` says it in words.

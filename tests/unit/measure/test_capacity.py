@@ -87,7 +87,8 @@ def test_interpolation_beats_bisection_on_smooth_curves() -> None:
 
 def test_value_lands_near_the_crossing_on_a_linear_curve() -> None:
     result = drive(CapacitySearch(15.0), linear(22.0))
-    assert result.value == pytest.approx(22.0, rel=1e-9)  # both estimates are exact here
+    assert result.estimate == pytest.approx(22.0, rel=1e-9)  # both estimates are exact here
+    assert result.value == result.low  # claimed: only what was shown (issue 28)
     assert [round(lv.rate, 2) for lv in result.levels][:2] == [15.0, 22.5]
     assert len(result.levels) <= 4  # 15 meets, 22.5 misses, then at most two more
     best = result.best_level
@@ -250,7 +251,8 @@ def test_missing_margins_fall_back_to_bisection() -> None:
     search.record(12.0, "misses", None)
     search.record(11.0, "meets", None)
     result = search.result()
-    assert result.value == pytest.approx(math.sqrt(11.0 * 12.0))
+    assert result.estimate == pytest.approx(math.sqrt(11.0 * 12.0))
+    assert result.value == 11.0  # the highest level shown to meet the SLA
 
 
 def test_the_latest_measurement_wins_over_a_contradicted_one() -> None:
@@ -273,7 +275,7 @@ def test_next_rate_is_idempotent_and_result_says_incomplete_midway() -> None:
 def test_to_dict_is_json() -> None:
     result = drive(CapacitySearch(10.0), linear(12.0))
     d = json.loads(json.dumps(result.to_dict()))
-    assert set(d) == {"value", "low", "high", "unit", "levels", "stopped_by"}
+    assert set(d) == {"value", "low", "high", "unit", "levels", "stopped_by", "estimate"}
     assert d["unit"] == "req/s" and d["levels"][0]["rate"] == 10.0
 
 
@@ -328,3 +330,20 @@ def test_bad_records_raise() -> None:
         search.record(10.0, "maybe", 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rate"):
         search.record(-1.0, "meets", 0.0)
+
+
+def test_the_capacity_is_the_highest_met_level_with_the_bracket_above() -> None:
+    """Issue 28: a search stopped by its budget with a wide bracket claims only the highest
+    level that met the SLA (2.38, not an interpolated 2.95); the bracket is the uncertainty."""
+    search = CapacitySearch(2.38, max_levels=2)
+    search.record(2.38, "meets", -0.4)
+    search.record(3.57, "misses", 0.2)
+    result = search.result()
+    assert result.stopped_by == "budget"
+    assert (result.value, result.low, result.high) == (2.38, 2.38, 3.57)
+    assert result.estimate is not None and 2.38 < result.estimate < 3.57
+    for shape in (linear, queueing, concave):
+        for c in CAPACITIES:
+            r = drive(CapacitySearch(10.0), shape(c))
+            met = [lv.rate for lv in r.levels if lv.verdict == "meets"]
+            assert r.value == max(met) == r.low
