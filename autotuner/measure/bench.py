@@ -26,6 +26,7 @@ from autotuner.measure.conversations import synthetic_traffic
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
 from autotuner.measure.monitor import Monitor
+from autotuner.measure.steady import rule_of
 from autotuner.models import synth
 from autotuner.records.bench import BenchResult, VerdictRecord
 from autotuner.sla.spec import Sla, context_limit
@@ -104,6 +105,7 @@ def build_plan(
         requests=requests,
         duration_s=w.duration_s,
         warmup_requests=0 if level else w.warmup_requests,
+        steady=None if level else rule_of(sla, requests),  # the first: warm up to steady state
         request_timeout_s=w.request_timeout_s,
         deadline_s=deadline,
     )

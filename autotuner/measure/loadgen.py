@@ -22,6 +22,14 @@ import aiohttp
 import numpy as np
 
 from autotuner.measure.conversations import ConversationFactory, drive
+from autotuner.measure.steady import (
+    SteadyRule,
+    StopReason,
+    WarmupRecord,
+    Window,
+    settled,
+    window_of,
+)
 from autotuner.measure.synthetic import prefix_of
 from autotuner.workload.requests import Api, Arrival, RequestFactory, RequestSpec
 
@@ -70,6 +78,10 @@ class LoadPlan:
     request_timeout_s: float = 300.0
     deadline_s: float | None = None  # hard limit for the measured part
     conversation: ConversationFactory | None = None  # multi-turn: requests are turns
+    # Warm up to steady state at this plan's own load before the measured part (the first
+    # level of a launch; autotuner.measure.steady), ``warmup_requests`` as its floor. None:
+    # only the ``warmup_requests`` (4 at a time), as before.
+    steady: SteadyRule | None = None
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -122,6 +134,8 @@ class LoadResult:
     warmup_failed: int = 0
     monitor: dict[str, Any] = field(default_factory=dict)
     warmup_s: float = 0.0  # wall seconds of the warm-up requests before the measured part
+    # What the warm-up to steady state took (WarmupRecord.to_dict()); None: no such warm-up.
+    warmup: dict[str, Any] | None = None
 
     @property
     def ok(self) -> list[RequestRecord]:
@@ -163,6 +177,7 @@ class LoadResult:
             "duration_s": self.duration_s,
             "warmup_failed": self.warmup_failed,
             "warmup_s": self.warmup_s,
+            **({"warmup": self.warmup} if self.warmup is not None else {}),
             "monitor": self.monitor,
             "records": [asdict(r) for r in self.records],
         }
@@ -177,6 +192,7 @@ class LoadResult:
             warmup_failed=int(data.get("warmup_failed", 0)),
             monitor=dict(data.get("monitor", {})),
             warmup_s=float(data.get("warmup_s", 0.0)),
+            warmup=data.get("warmup"),
         )
 
 
@@ -381,7 +397,12 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
         warm_start = time.monotonic()
-        warmup_failed = await _warmup(session, base_url, model, plan)
+        warmed: WarmupRecord | None = None
+        if plan.steady is not None:
+            warmed = await warm_to_steady(session, base_url, model, plan, plan.steady)
+            warmup_failed = warmed.failed
+        else:
+            warmup_failed = await _warmup(session, base_url, model, plan)
         warmup_s = time.monotonic() - warm_start
         async with around or contextlib.nullcontext():
             run = _Run(base_url, model, plan.api, plan.request_timeout_s)
@@ -404,6 +425,78 @@ async def run_load(
         duration_s=run.last_end,
         warmup_failed=warmup_failed,
         warmup_s=warmup_s,
+        warmup=None if warmed is None else warmed.to_dict(),
+    )
+
+
+async def warm_to_steady(
+    session: aiohttp.ClientSession,
+    base_url: str | Sequence[str],
+    model: str,
+    plan: LoadPlan,
+    rule: SteadyRule,
+) -> WarmupRecord:
+    """Warm-up requests at ``plan``'s own load (its arrival rate or concurrency, prompts of
+    their own) until :func:`autotuner.measure.steady.settled` or the rule's bound; waits for
+    the requests still running. See :mod:`autotuner.measure.steady`."""
+    run = _Run(base_url, model, plan.api, plan.request_timeout_s)
+    done: dict[int, tuple[float | None, float | None, bool]] = {}
+    windows: list[Window] = []
+    stop: list[StopReason] = []
+
+    def decide() -> bool:
+        """Whether to stop sending; adds the windows whose requests all ended."""
+        while all(
+            i in done for i in range(len(windows) * rule.window, (len(windows) + 1) * rule.window)
+        ):
+            first = len(windows) * rule.window
+            windows.append(window_of([done[i] for i in range(first, first + rule.window)]))
+        if not stop:
+            if run.sent >= rule.least and settled(windows, rule):
+                stop.append("steady")
+            elif run.sent >= rule.most:
+                stop.append("max_requests")
+            elif time.perf_counter() - run.t0 >= rule.max_s:
+                stop.append("max_s")
+        return bool(stop)
+
+    async def one(i: int, scheduled: float) -> None:
+        index = _WARMUP_INDEX_BASE + i
+        rec = await run.send(session, index, plan.factory.make(index), scheduled)
+        done[i] = (rec.tpot_s, rec.ttft_s, rec.ok)
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        if plan.arrival.open_loop:
+            for i, offset in enumerate(plan.offsets()):
+                delay = run.t0 + min(offset, rule.max_s) - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if decide():
+                    break
+                tasks.append(asyncio.create_task(one(i, offset)))
+        else:
+            counter = itertools.count()
+
+            async def worker() -> None:
+                while not decide():
+                    await one(next(counter), time.perf_counter() - run.t0)
+
+            tasks = [asyncio.create_task(worker()) for _ in range(plan.arrival.concurrency or 1)]
+        if tasks:
+            await asyncio.wait(tasks, timeout=plan.request_timeout_s + rule.max_s)
+    finally:
+        await _cancel(tasks)
+    decide()
+    reason: StopReason = stop[0] if stop else "max_requests"  # a replayed trace ran out
+    return WarmupRecord(
+        requests=run.sent,
+        seconds=round(time.perf_counter() - run.t0, 3),
+        steady=reason == "steady",
+        stopped_by=reason,
+        load=plan.arrival.describe(),
+        failed=run.failed,
+        windows=windows,
     )
 
 

@@ -54,8 +54,9 @@ class CapacityRecord(BaseModel):
     ``low`` is the highest load measured to meet the SLA (0: none did), ``high`` the lowest
     load above it that missed or stayed undecided (None: none did), ``value`` the capacity
     claimed: ``low``, only what was shown (records written before issue 28 may hold an
-    interpolated value between them). ``stopped_by`` says why the search ended (``resolution``: the bracket is
-    within ``resolution``; ``budget``: the launch's levels were spent; ``max_rate``;
+    interpolated value between them). ``stopped_by`` says why the search ended
+    (``resolution``: the bracket is within ``resolution``; ``budget``: the launch's levels
+    were spent; ``max_rate``;
     ``infeasible_at_start``, ``infeasible``, ``undecided``; ``legacy``: derived from a record
     written before capacities) and ``note`` says it in words.
     """
@@ -231,6 +232,9 @@ class LevelRecord(BaseModel):
     verdicts: dict[str, Literal["meets", "misses", "undecided"]] = Field(default_factory=dict)
     requests: int | None = None
     runs: int = 1
+    # What the warm-up to steady state before the level took (a launch's first level:
+    # requests, seconds, steady or the bound that ended it; autotuner.measure.steady).
+    warmup: dict[str, Any] | None = None
     # The rates the level sent and served (req/s) and whether the engine kept up; None in
     # older files, for closed-loop levels, and where too few requests succeeded to tell.
     sent_rate: float | None = None

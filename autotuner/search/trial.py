@@ -39,11 +39,13 @@ from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_eng
 from autotuner.measure.cache import cache_note
 from autotuner.measure.capacity import Capacity, CapacitySearch
 from autotuner.measure.evaluate import evaluate
+from autotuner.measure.hostload import HostWatch
 from autotuner.measure.levels import judge, level_size, pooled
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.measure.pacing import describe as describe_pacing
 from autotuner.measure.quantile import Outcome
+from autotuner.measure.steady import describe as describe_warmup
 from autotuner.measure.sustained import describe as describe_sustained
 from autotuner.records.trial import CapacityRecord, TrialFile, legacy_capacity
 from autotuner.sla.spec import Sla
@@ -93,6 +95,9 @@ class Level:
     verdicts: dict[str, Outcome] = field(default_factory=dict)  # per constraint key
     requests: int | None = None  # measured requests (pooled runs together)
     runs: int = 1  # runs at this load pooled into the level (2: an undecided one re-measured)
+    # What the warm-up before this level took (a launch's first level: measure.steady's
+    # WarmupRecord as a dict; None for later levels and older records).
+    warmup: dict[str, Any] | None = None
     # The rates the level sent and served, req/s (None: closed loop, too few requests to tell,
     # or an older record), and whether the engine kept up (autotuner.measure.sustained).
     sent_rate: float | None = None
@@ -317,6 +322,8 @@ async def _measure_levels(
         plan = build_plan(sla, model_dir, _arrival(base, load), level=i, requests=size.requests)
         monitor = Monitor(endpoint.urls, engine.processes, gpus, metrics=metrics)
         result = await run_load(endpoint.urls, endpoint.model, plan, around=monitor)
+        if (warmed := result.warmup) is not None:
+            say(f"    warm-up: {describe_warmup(warmed)}")
         result = LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, monitor.summary()
         )
@@ -353,6 +360,7 @@ async def _measure_levels(
                 rate_kept=pace.kept if (pace := judged.pacing) else None,
                 max_lag_s=pace.max_lag_s if pace else None,
                 generator_behind=pace.behind if pace else None,
+                warmup=warmed,
             )
         )
         goodput = ev.metrics.get("goodput")
@@ -451,9 +459,15 @@ def run_trial(
             capacity=capacity,
         )
 
-    result = asyncio.run(go())
+    # The host is part of the measurement: its load before and during the launch.
+    watch = HostWatch()
+    watch.start()
+    try:
+        result = asyncio.run(go())
+    finally:
+        host = watch.stop()
     # Wall-clock span and the GPUs NVML saw the engine on: which trials ran side by side where.
-    extra = {**result.extra, "started_at": started_at, "ended_at": time.time()}
+    extra = {**result.extra, "started_at": started_at, "ended_at": time.time(), "host": host}
     if engine_gpus:
         extra["engine_gpus"] = engine_gpus
     result = TrialResult(

@@ -794,6 +794,18 @@ def _checked_metric(metric: Any, at: str) -> str:
 # --------------------------------------------------------------------------- tuning
 
 
+class WarmupSpec(_Strict):
+    """Warm-up to steady state before a launch's first measured level: load at that level's
+    own rate until the median TPOT and TTFT of a window of requests stop falling
+    (:mod:`autotuner.measure.steady` states the rule), at most ``max_requests`` requests and
+    ``max_s`` seconds; ``workload.warmup_requests`` is its floor."""
+
+    max_requests: int = Field(default=200, ge=0, le=MAX_WARMUP_REQUESTS)  # 0: off
+    max_s: float = Field(default=60.0, gt=0, le=3600.0)
+    window: int = Field(default=25, ge=5, le=500)  # requests per compared window
+    tolerance: float = Field(default=0.10, ge=0, lt=1)  # a fall beyond this is not steady
+
+
 class ConfirmSpec(_Strict):
     """How the winner is confirmed against the baseline before it is promoted."""
 
@@ -822,6 +834,7 @@ class TuneSpec(_Strict):
     # Levels grow to the requests their percentile needs, up to this many.
     max_requests_per_level: int = Field(default=600, ge=1, le=MAX_LEVEL_REQUESTS)
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
     # Profile the promoted config and the baseline with the engine's own profiler (one more
     # launch each, after the search) for the bundle's kernel breakdown; null: on for GPUs.
     profile: bool | None = None

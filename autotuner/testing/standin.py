@@ -28,6 +28,11 @@ Contract
 * Timing: a request waits for one of ``max_concurrency`` slots (``None`` = unlimited), then
   sleeps ``ttft_s + per_prompt_token_s * prompt_tokens`` (prefill), emits its first token,
   then one token every ``itl_s + itl_per_running_s * (running - 1)`` seconds.
+* Cold phase: the first ``cold_requests`` generation requests (1-based, as for faults) are
+  slower, like an engine that serves its first requests after start slower (issue 28):
+  request *n* takes ``1 + (cold_factor - 1) * (1 - (n - 1) / cold_requests)`` times the
+  prefill sleep and the token interval (the first ``cold_factor`` times, falling linearly to
+  1); 0 (the default) has none.
 * Faults: the Nth, 2Nth, ... generation request (counting every POST to a generation
   endpoint, 1-based) answers HTTP 500 when ``fail_every=N``; when ``drop_after_tokens=K`` is
   set, every ``drop_every``-th request has its connection closed after K tokens (before the
@@ -150,6 +155,9 @@ class StandinConfig:
     max_model_len: int = 4096
     # Capacity behind vllm:kv_cache_usage_perc: tokens held by running requests / this.
     kv_cache_tokens: int = 65536
+    # Cold phase: the first cold_requests requests are cold_factor times slower.
+    cold_requests: int = 0
+    cold_factor: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -171,6 +179,8 @@ class StandinConfig:
             raise ValueError("drop_every must be >= 1")
         if self.max_model_len < 1 or self.kv_cache_tokens < 1:
             raise ValueError("max_model_len and kv_cache_tokens must be >= 1")
+        if self.cold_requests < 0 or not self.cold_factor >= 1:
+            raise ValueError("cold_requests must be >= 0 and cold_factor >= 1")
         if not self.model:
             raise ValueError("model must be a non-empty string")
 
@@ -571,7 +581,10 @@ class StandinServer:
         drop_at: int | None = None
         if cfg.drop_after_tokens is not None and seq % cfg.drop_every == 0:
             drop_at = min(cfg.drop_after_tokens, req.output_tokens)
-        return await _Generation(self, request, req, drop_at).run()
+        gen = _Generation(self, request, req, drop_at)
+        if seq <= cfg.cold_requests:
+            gen.slowdown = 1 + (cfg.cold_factor - 1) * (1 - (seq - 1) / cfg.cold_requests)
+        return await gen.run()
 
     # Slot accounting shared with _Generation.
 
@@ -610,6 +623,7 @@ class _Generation:
         self.created = int(time.time())
         self.emitted = 0
         self.kv_held = 0
+        self.slowdown = 1.0  # the cold phase's factor on the prefill sleep and token interval
 
     # ---- chunk builders --------------------------------------------------------------
 
@@ -718,7 +732,9 @@ class _Generation:
         server, req, cfg = self.server, self.req, self.server.config
         t_slot = time.monotonic()
         self._hold_kv(req.prompt_tokens)
-        await asyncio.sleep(cfg.ttft_s + cfg.per_prompt_token_s * req.prompt_tokens)
+        await asyncio.sleep(
+            (cfg.ttft_s + cfg.per_prompt_token_s * req.prompt_tokens) * self.slowdown
+        )
         server._m_prompt_tokens.inc(req.prompt_tokens)
 
         write: Callable[[bytes], Awaitable[None]] | None = resp.write if resp is not None else None
@@ -733,7 +749,7 @@ class _Generation:
                 return self._drop(resp)
             if i > 0:
                 # Deadline-based so that sleep overhead does not accumulate over tokens.
-                deadline += server._current_itl()
+                deadline += server._current_itl() * self.slowdown
                 await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             now = time.monotonic()
             if i == 0:
@@ -951,6 +967,8 @@ def _parse_args(argv: list[str] | None) -> _Run:
     p.add_argument("--startup-delay-s", type=float, default=d.startup_delay_s)
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens)
+    p.add_argument("--cold-requests", type=int, default=d.cold_requests)
+    p.add_argument("--cold-factor", type=float, default=d.cold_factor)
     p.add_argument("--fault", choices=list(FAULTS), default="none", help="misbehave (see below)")
     p.add_argument(
         "--die-after", type=int, default=5, help="die-mid-level: generation requests before it"
@@ -985,6 +1003,8 @@ def _parse_args(argv: list[str] | None) -> _Run:
             startup_delay_s=a.startup_delay_s,
             max_model_len=a.max_model_len,
             kv_cache_tokens=a.kv_cache_tokens,
+            cold_requests=a.cold_requests,
+            cold_factor=a.cold_factor,
         )
     except ValueError as e:
         p.error(str(e))
