@@ -79,7 +79,7 @@ from autotuner.search.confirm import (
 )
 from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.pareto import Candidate, pareto_front, rank
-from autotuner.search.study import feasible
+from autotuner.search.study import feasible, fresh_from
 from autotuner.search.tiers import GateRun
 from autotuner.search.trial import TrialResult
 from autotuner.sla.load import load_unit, sla_load
@@ -127,11 +127,13 @@ def label(t: FrozenTrial) -> str:
 
 
 def measured(study: optuna.Study) -> list[FrozenTrial]:
-    """Completed trials that launched an engine (not reused duplicates)."""
+    """Completed trials that launched an engine (not reused duplicates); in a fresh re-tune
+    only its own (search.study.fresh_from): a decision never rests on out-of-date launches."""
+    since = fresh_from(study)
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if not TrialRecord.from_trial(t).duplicate
+        if t.number >= since and not TrialRecord.from_trial(t).duplicate
     ]
 
 

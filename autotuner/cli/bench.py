@@ -1,7 +1,7 @@
 """`autotuner bench SLA`: one config measured on a real engine, printed as a table or JSON.
 
-Exit 0: the SLA is met; 1: it is not; 2: bad input; 3: the engine failed to start;
-130: interrupted (the engine is stopped first).
+Exit 0: the SLA is met; 1: it is not; 2: bad input; 3: the engine failed to start, or crashed
+while measured (no verdict on the SLA); 130: interrupted (the engine is stopped first).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from autotuner.core.errors import BadInput, EngineStartFailed, Interrupted
+from autotuner.core.errors import BadInput, EngineCrashed, EngineStartFailed, Interrupted
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import EngineLaunchError
+from autotuner.engines.process import tail
 from autotuner.measure.bench import BenchOutcome, bench
 from autotuner.measure.cache import cache_note
 from autotuner.measure.pacing import pacing
@@ -43,6 +44,9 @@ def main_bench(
         raise EngineStartFailed(
             f"{exc}\n--- last lines of {run_dir / 'engine.log'} ---\n{exc.log_tail}"
         ) from exc
+    except EngineCrashed as exc:
+        log = run_dir / "engine.log"
+        raise EngineCrashed(f"{exc}\n--- last lines of {log} ---\n{tail(log, 20)}") from exc
     except (FileNotFoundError, ValueError) as exc:  # a missing file, an unusable value
         raise BadInput(str(exc)) from exc
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -1,7 +1,8 @@
 """`autotuner compare-engines SLA --bundle B --old A --new B`: the promoted config on two engine
 environments, and the regression verdict.
 
-Exit 0: verdict written; 1: regression (with --fail-on-regression); 2: bad input;
+Exit 0: verdict written; 1: regression (with --fail-on-regression); 2: bad input; 3: the
+config ran on the old engine in no replicate (it did not start or crashed): no verdict;
 130: interrupted (run it again to resume).
 """
 

@@ -112,6 +112,13 @@ def _add_tune(sub: Any) -> None:
         help="re-tune: allow N launches beyond those the study has already counted",
     )
     t.add_argument(
+        "--fresh",
+        action="store_true",
+        help="with --extra-trials: the re-tune decides on its own launches only (the engine "
+        "defaults measured again among them), for when earlier ones may be out of date, e.g. "
+        "after a failed re-check (the daemon's re-tunes)",
+    )
+    t.add_argument(
         "--reconfirm",
         action="store_true",
         help="a finished study reprints its decision and launches nothing; this measures the "
@@ -331,6 +338,7 @@ def _run_tune(a: argparse.Namespace) -> int:
         executor=a.executor,
         address=a.address,
         reconfirm=a.reconfirm,
+        fresh=a.fresh,
     )
 
 

@@ -2,8 +2,10 @@
 
 Exit 0: a config that meets the SLA is promoted; 1: none confirmed to meet it (the bundle may
 still hold the baseline and its fallbacks); 2: bad input, or another tuner holds the study;
-130: interrupted (run the same command again to resume). A finished study exits as its first
-run did, with nothing launched (``--reconfirm`` confirms again).
+3: the engine failed in every launch (did not start, or crashed while measured): nothing was
+measured, so there is no SLA verdict; 130: interrupted (run the same command again to
+resume). A finished study exits as its first run did, with nothing launched (``--reconfirm``
+confirms again).
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ def main_tune(
     executor: str = "local",
     address: str | None = None,
     reconfirm: bool = False,
+    fresh: bool = False,
 ) -> int:
+    if fresh and extra_trials < 1:
+        raise BadInput("--fresh is for a re-tune: give it with --extra-trials N")
     sla = load_sla(sla_path)
     _read_replay(sla)
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
@@ -56,6 +61,7 @@ def main_tune(
             executor=executor,
             address=address,
             reconfirm=reconfirm,
+            fresh=fresh,
         )
     except FileNotFoundError as exc:  # the SLA's model or dataset went missing
         raise BadInput(str(exc)) from exc

@@ -42,6 +42,11 @@ class EngineStartFailed(AutotunerError):
     exit_code = 3
 
 
+class EngineCrashed(EngineStartFailed):
+    """The engine exited while it was being measured: a failed engine (exit 3), never a miss
+    of the SLA, and never a capacity."""
+
+
 class InternalError(AutotunerError):
     """A bug: something the tuner did not expect. The traceback is written to a file."""
 
@@ -62,7 +67,7 @@ EXIT_CODES: dict[int, str] = {
     SlaNotMet.exit_code: "the SLA is not met (engine and model commands: the operation failed; "
     "compare-engines --fail-on-regression: a regression; doctor: warnings)",
     BadInput.exit_code: "bad input",
-    EngineStartFailed.exit_code: "the engine failed to start",
+    EngineStartFailed.exit_code: "the engine failed to start (or crashed while measured)",
     InternalError.exit_code: "internal error (a bug; the traceback is in a file)",
     Interrupted.exit_code: "interrupted",
 }

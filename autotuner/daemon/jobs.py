@@ -120,7 +120,9 @@ def tune_argv(
         str(layout.trials_dir(sla, engine)),
     ]
     if extra_trials > 0:
-        argv += ["--extra-trials", str(extra_trials)]
+        # A re-tune (after a failed re-check, or asked for): it decides on what it measures
+        # now, never on the study's earlier launches (stale numbers never clear an alert).
+        argv += ["--extra-trials", str(extra_trials), "--fresh"]
     if executor == "ray":
         argv += ["--executor", "ray"]
         if ray_address:

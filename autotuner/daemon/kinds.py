@@ -4,8 +4,12 @@ Each kind is one object in :data:`KINDS`, looked up by the name stored in the jo
 service asks it and never switches on the name. A kind's process is ``autotuner <command>``:
 
     tune        autotuner tune SLA           0 promoted, 1 nothing met the SLA
-    recheck     autotuner bench SLA --set    0 met, 1 missed, 3 the engine failed to start
+    recheck     autotuner bench SLA --set    0 met, 1 missed
     regression  autotuner compare-engines    0 a verdict (which one is in its result file)
+
+An engine that failed (exit 3: it did not start, or crashed while measured) is never an SLA
+verdict, for any kind: the job is retried, then fails with a ``job_failed`` alert; it raises
+no ``sla_infeasible`` or ``sla_violation`` and queues no re-tune.
 
 Every command is given ``--outcome FILE`` (records/outcome.py). An exit code in ``results``
 counts only when that file is there and agrees with it: a Python that died before the command
@@ -81,7 +85,7 @@ class Tune(Kind):
 
 class Recheck(Kind):
     name = "recheck"
-    results = frozenset({0, 1, 3})
+    results = frozenset({0, 1})  # 3, the engine failed: no verdict on the SLA
 
     def cannot_run(self, row: SlaRow) -> str | None:
         return None if row.promotion else "nothing promoted to re-check"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner import __version__
+from autotuner.core.errors import EngineCrashed
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
@@ -257,7 +258,8 @@ async def measure(
 ) -> tuple[float, LoadResult]:
     """Launch ``engine``, run the SLA's load (or ``arrival``), always stop it.
 
-    Returns the start-up time and the result with the monitor's summary attached.
+    Returns the start-up time and the result with the monitor's summary attached. Raises
+    :class:`EngineCrashed` when the engine exited during the load.
     """
     plan = build_plan(sla, model_dir, arrival)
     if plan.factory.replay is not None:
@@ -285,6 +287,12 @@ async def measure(
         result = LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, summary
         )
+        if (code := engine.returncode()) is not None:  # died under load: no verdict on the SLA
+            raise EngineCrashed(
+                f"the engine crashed while measured: it exited with status {code}; "
+                f"{len(result.failed)} of {len(result.records)} requests failed (a crash is "
+                "no miss of the SLA)"
+            )
         return endpoint.startup_s, result
     finally:
         await engine.stop()

@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from autotuner.bundle.promote import Context, promote
 from autotuner.core import hardware
+from autotuner.core.errors import EngineStartFailed
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
@@ -35,7 +36,7 @@ from autotuner.measure.levels import resolution_notes
 from autotuner.measure.quality import GateResult
 from autotuner.models.folder import read_config
 from autotuner.records.manifest import Manifest
-from autotuner.records.trial import TrialRecord
+from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import rerun, rules
 from autotuner.search.capacity_compare import two_pair_warning
 from autotuner.search.layout_plan import memory_limit_reason
@@ -49,6 +50,7 @@ from autotuner.search.study import (
     counted,
     default_budget,
     fail_stale,
+    fresh_from,
     grid_budget,
     make_sampler,
     open_study,
@@ -122,6 +124,46 @@ def grid_space(
     return dataclasses.replace(narrowed, fixed=fixed), grid, single
 
 
+def engine_failures(study: optuna.Study) -> tuple[list[str], int]:
+    """The launches whose engine failed (it did not start, or crashed while measured), one
+    line each, and how many launches measured something: those alone can decide."""
+    failed: list[str] = []
+    measured = 0
+    since = fresh_from(study)  # a re-tune: its own launches
+    for t in study.get_trials(deepcopy=False):
+        if not counted(t) or t.number < since:
+            continue
+        r = TrialRecord.from_trial(t)
+        if t.state == TrialState.FAIL and r.status == "failed":
+            who = "baseline" if r.baseline else f"trial {t.number}"
+            failed.append(f"{who} ({r.cause or 'other'}): {r.reason or 'no reason recorded'}")
+        else:
+            measured += 1
+    return failed, measured
+
+
+def _check_measured(study: optuna.Study, study_dir: Path) -> None:
+    """Nothing measured because the engine failed in every launch is an engine failure (exit
+    3), never an SLA verdict; when some launches measured, they decide and the failures are
+    listed."""
+    failed, measured = engine_failures(study)
+    if not failed:
+        return
+    lines = "\n".join(f"  {line}" for line in failed)
+    if measured:
+        _say(
+            f"{len(failed)} launch(es) failed and are left out of the decision (the "
+            f"{measured} measured decide):\n{lines}"
+        )
+        return
+    raise EngineStartFailed(
+        f"the engine failed in every launch ({len(failed)} of {len(failed)}): nothing was "
+        f"measured, so there is no SLA verdict\n{lines}\n"
+        f"engine logs: {study_dir}/trial-*/engine.log; `autotuner doctor SLA` checks the host "
+        "and the engine before a launch"
+    )
+
+
 def _reprint(manifest: Manifest, study: optuna.Study) -> dict[str, Any]:
     for line in rerun.describe(manifest, len(rerun.launches(study))):
         _say(line)
@@ -137,13 +179,16 @@ def tune(
     executor: str = "local",
     address: str | None = None,
     reconfirm: bool = False,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the study of ``sla`` and promote. Returns the manifest.
 
     ``extra_trials`` > 0 sets the budget to the launches already counted plus that many (a
-    re-tune of a finished study). A finished study reprints its recorded decision and
-    launches nothing (search.rerun) unless ``reconfirm``. The study is held for the whole
-    run: another tuner of it gets StudyBusy (search.lock).
+    re-tune of a finished study); with ``fresh`` the re-tune decides on its own launches only,
+    the engine defaults measured again among them (search.study.fresh_from): what was
+    measured before may be out of date (a failed re-check). A finished study reprints its
+    recorded decision and launches nothing (search.rerun) unless ``reconfirm``. The study is
+    held for the whole run: another tuner of it gets StudyBusy (search.lock).
     """
     with study_lock(trials_dir / sla.name, sla.name, sla.tune.storage):
         return _tune(
@@ -154,6 +199,7 @@ def tune(
             executor=executor,
             address=address,
             reconfirm=reconfirm,
+            fresh=fresh,
         )
 
 
@@ -166,6 +212,7 @@ def _tune(
     executor: str,
     address: str | None,
     reconfirm: bool,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """:func:`tune`, with the study held."""
     model_dir = resolve_model(sla, _say)
@@ -221,6 +268,17 @@ def _tune(
         done = sum(counted(t) for t in study.get_trials(deepcopy=False))
         budget = Budget(done + extra_trials, budget.time_s)
         _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
+        if fresh:
+            # What was measured before may be out of date (a failed re-check, a changed
+            # host): the re-tune measures the engine defaults again and decides on its own
+            # launches only. (A config queued again, waiting to run, is launched now.)
+            waiting = [t.number for t in study.get_trials(states=(TrialState.WAITING,))]
+            first = min([len(study.trials), *waiting])
+            StudyRecord(fresh_from=first).save(study.set_user_attr)
+            _say(
+                f"fresh re-tune: the decision rests on the launches from trial {first} on (the "
+                "engine defaults measured again among them); earlier ones are out of date"
+            )
     elif not reconfirm and len(rerun.launches(study)) >= budget.trials:
         decided = rerun.recorded_decision(study, study_dir, sla.tune.confirm.replicates)
         if decided is not None:
@@ -318,6 +376,7 @@ def _tune(
             decided = rerun.recorded_decision(study, study_dir, sla.tune.confirm.replicates)
             if decided is not None:
                 return _reprint(decided, study)
+        _check_measured(study, study_dir)
         if stopper is not None and (said := defaults_line(study, stopper.rule.resolution)):
             _say(said)
 

@@ -202,6 +202,10 @@ class StudyRecord(Record):
     # Objective metrics, in the study's direction order
     objectives: list[str] = Field(default_factory=list)
     promotion: PromotionNote | None = None
+    # A fresh re-tune's first trial number: its decision rests on the launches from it on
+    # (the engine defaults measured again among them); earlier ones may be out of date (a
+    # failed re-check) and never decide. None: every launch counts.
+    fresh_from: int | None = None
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], study_name: str) -> StudyRecord:

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search.stopping import StopDecision, StoppingRule, defaults_sentence
-from autotuner.search.study import counted, feasible
+from autotuner.search.study import counted, feasible, fresh_from
 
 __all__ = [
     "StudyStopper",
@@ -82,9 +82,11 @@ def _maximize_first(study: optuna.Study) -> bool:
 
 
 def _launches(study: optuna.Study) -> list[tuple[FrozenTrial, float]]:
-    """Counted launches in the order they finished, with their capacity."""
+    """Counted launches in the order they finished, with their capacity (in a re-tune, its
+    own: earlier ones may be out of date)."""
     up = _maximize_first(study)
-    done = [t for t in study.get_trials(deepcopy=False) if counted(t)]
+    since = fresh_from(study)
+    done = [t for t in study.get_trials(deepcopy=False) if counted(t) and t.number >= since]
     done.sort(key=lambda t: (t.datetime_complete or datetime.max, t.number))
     return [(t, c) for t in done if (c := capacity_of(t, up)) is not None]
 

@@ -16,6 +16,12 @@ engine, or a metric that moved beyond the noise on average while its interval st
 the minimum effect).
 Replicates are appended to ``replicates.jsonl`` as they finish, so an interrupted check
 resumes where it stopped.
+
+A replicate whose engine did not start, or crashed while measured, measured nothing. When the
+old engine (the reference) measured nothing in every replicate there is nothing to compare:
+that is an engine failure (:class:`~autotuner.core.errors.EngineStartFailed`, exit 3), not a
+verdict, and its failed replicates are dropped from the journal so that a retry launches them
+again.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from autotuner.core.errors import EngineStartFailed
+from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs
 from autotuner.records.compare import EngineComparison, EngineRef, MetricChangeRecord, ReplicateLine
@@ -241,6 +249,25 @@ def run_replicates(
     return [done[(e, r)] for r, e in plan]
 
 
+def _check_reference(samples: Sequence[Sample], old: str, work_dir: Path) -> None:
+    """Raise EngineStartFailed when the old engine measured nothing in any replicate (no
+    verdict is possible); the failed replicates leave the journal, so a retry runs them."""
+    tried = [s for s in samples if s.engine == "old"]
+    if not tried or any(s.started for s in tried):
+        return
+    kept = [s for s in samples if s.started]
+    atomic_write_text(
+        work_dir / "replicates.jsonl",
+        "".join(s.to_record().to_json(indent=None) + "\n" for s in kept),
+    )
+    causes = ", ".join(sorted({s.cause or "unknown" for s in tried}))
+    raise EngineStartFailed(
+        f"the promoted config did not run on the old engine {old} in any of its {len(tried)} "
+        f"replicates ({causes}): there is nothing to compare the new engine with, so no "
+        f"verdict; engine logs: {work_dir}/old-r*/engine.log"
+    )
+
+
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -293,7 +320,8 @@ def compare_engines(
             settings=SearchSettings(max_levels=1, start_load=load),
             say=say,
         )
-        level = res.levels[0] if res.levels else None
+        # A crash while measured is no measurement either (its level is kept for the record).
+        level = res.levels[0] if res.levels and res.status != "failed" else None
         return Sample(
             engine,
             0,
@@ -306,6 +334,7 @@ def compare_engines(
 
     work_dir.mkdir(parents=True, exist_ok=True)
     samples = run_replicates(["old", "new"], replicates, work_dir, run_one, say)
+    _check_reference(samples, old, work_dir)
     outcome = decide(samples, min_effect)
     result = EngineComparison(
         sla=sla.name,

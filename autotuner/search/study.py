@@ -118,12 +118,15 @@ class GridSampler(optuna.samplers.GridSampler):
         return super().sample_independent(study, trial, param_name, param_distribution)
 
     def free_points(self, study: optuna.Study) -> list[int]:
-        """Grid points neither settled nor running. Upstream's unvisited list falls back to
-        the running ones once all have started: with trials in flight that launches a repeat."""
+        """Grid points neither settled nor running (in a re-tune: since it began, so that it
+        measures the grid again). Upstream's unvisited list falls back to the running ones
+        once all have started: with trials in flight that launches a repeat."""
+        since = fresh_from(study)
         taken = {
             t.system_attrs["grid_id"]
             for t in study._storage.get_all_trials(study._study_id, deepcopy=False)
             if "grid_id" in t.system_attrs
+            and t.number >= since
             and self._same_search_space(t.system_attrs["search_space"])
             and (t.state.is_finished() or t.state == TrialState.RUNNING)
         }
@@ -294,9 +297,20 @@ def counted(t: FrozenTrial) -> bool:
     return t.state == TrialState.FAIL and not TrialRecord.from_trial(t).interrupted
 
 
+def fresh_from(study: optuna.Study) -> int:
+    """The first trial whose launch may decide: a fresh re-tune's first (``tune
+    --extra-trials N --fresh``), for the launches before it may be out of date; 0 when every
+    launch counts."""
+    return StudyRecord.from_attrs(study.user_attrs, study.study_name).fresh_from or 0
+
+
 def baseline_done(study: optuna.Study) -> bool:
+    """The engine defaults were launched (since a fresh re-tune began: it measures them
+    again)."""
+    since = fresh_from(study)
     return any(
         t.state in (TrialState.COMPLETE, TrialState.FAIL)
+        and t.number >= since
         and (r := TrialRecord.from_trial(t)).baseline
         and not r.interrupted
         for t in study.get_trials(deepcopy=False)
@@ -593,8 +607,12 @@ class StudyRunner:
         )
 
     def _earlier(self, key: str, number: int) -> FrozenTrial | None:
+        """A launch of the same config to reuse (not one from before a fresh re-tune)."""
+        since = fresh_from(self.study)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.number != number and TrialRecord.from_trial(t).config_key == key:
+            if t.number == number or t.number < since:
+                continue
+            if TrialRecord.from_trial(t).config_key == key:
                 return t
         return None
 

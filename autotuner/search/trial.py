@@ -18,6 +18,11 @@ latency and memory objectives there too (comparable across configs), and through
 objectives (goodput, request rate, tokens/s) at the highest load that met the SLA: goodput at
 capacity. ``run_trial`` is a plain function of its inputs, so that a Ray worker can run it as
 well. Closed-loop workloads search the concurrency instead of the rate (in whole requests).
+
+An engine that exits while a level runs has crashed: the trial is ``failed`` with cause
+``crashed`` (:data:`CRASHED`), the levels measured before are kept for the record, and the
+crashed level is neither a miss nor a level of the capacity search: a crashed launch has no
+capacity.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess
 from autotuner.engines.layout import CAPACITY_PER_GPU, devices_used
+from autotuner.engines.process import ROOT_CAUSE_WINDOW_BYTES, tail
 from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
 from autotuner.measure.cache import cache_note
 from autotuner.measure.capacity import Capacity, CapacitySearch
@@ -53,6 +59,10 @@ from autotuner.workload.requests import Arrival
 
 Say = Callable[[str], None]
 Status = Literal["complete", "stopped_early", "failed"]
+
+# A trial's ``cause`` when the engine exited while a load level ran (launch failures have
+# the launcher's causes: out_of_memory, unknown_flag, timeout, ...).
+CRASHED = "crashed"
 
 # Measured at the best level that met the SLA; every other metric at the SLA's own load.
 THROUGHPUT_METRICS = frozenset(
@@ -147,7 +157,10 @@ class TrialResult:
 
     def found_capacity(self) -> CapacityRecord | None:
         """The launch's capacity; for a result without one (written before capacities, or
-        a test's stand-in), the one its levels imply: the highest load that met the SLA."""
+        a test's stand-in), the one its levels imply: the highest load that met the SLA.
+        None for a failed launch (it did not start, or crashed while measured)."""
+        if self.status == "failed":
+            return None
         if self.capacity is not None:
             return self.capacity
         loads = [(lv.load, lv.feasible) for lv in self.levels]
@@ -292,6 +305,30 @@ def describe_stop(
     return f"misses the SLA at {at} ({'; '.join(why)})"
 
 
+class _Crashed(Exception):
+    """The engine exited while level ``level`` (0-based) ran."""
+
+    def __init__(self, level: int, load: float, code: int, result: LoadResult) -> None:
+        super().__init__(f"engine exited with status {code} during level {level + 1}")
+        self.level = level
+        self.load = load
+        self.code = code
+        self.requests = len(result.records)
+        self.failed = len(result.failed)
+
+
+def crash_reason(
+    level: int, at: str, code: int, requests: int, failed: int, root: list[str]
+) -> str:
+    """``the engine crashed during level 2 (poisson 3 req/s): ...`` for records and reports."""
+    why = f": {root[0]}" if root else ""
+    return (
+        f"the engine crashed during level {level + 1} ({at}): it exited with status {code}, "
+        f"{failed} of {requests} requests failed{why}; a crash is no miss of the SLA and "
+        "gives no capacity"
+    )
+
+
 async def _measure_levels(
     sla: Sla,
     engine: EngineProcess,
@@ -302,9 +339,11 @@ async def _measure_levels(
     gpus: list[str] | None,
     say: Say,
     engine_gpus: dict[str, int],
-) -> tuple[list[Level], CapacityRecord]:
-    """Load levels until the capacity search ends. ``engine_gpus`` gets, per GPU UUID, the
-    peak memory NVML saw the engine's processes hold there."""
+    levels: list[Level],
+) -> CapacityRecord:
+    """Load levels until the capacity search ends, appended to ``levels``. ``engine_gpus``
+    gets, per GPU UUID, the peak memory NVML saw the engine's processes hold there. Raises
+    :class:`_Crashed` when the engine exits during a level."""
     base = arrival_of(sla)
     own = _own_load(base)
     search = capacity_search(settings, own, base.open_loop)
@@ -312,7 +351,6 @@ async def _measure_levels(
         search.unit = "x trace speed"  # the load of a trace is how fast it is replayed
     size = level_size(sla)
     metrics = adapter_of(sla).metrics
-    levels: list[Level] = []
     previous: LoadResult | None = None  # the run an undecided level's re-measure pools with
     # (not one the load generator fell behind on: its re-measure starts afresh)
     parts: list[LoadResult] = []  # the runs pooled into ``previous``, each judged for sustain
@@ -329,6 +367,10 @@ async def _measure_levels(
         )
         for uuid, held in result.monitor.get("engine_gpus", {}).items():
             engine_gpus[uuid] = max(engine_gpus.get(uuid, 0), held)
+        if (code := engine.returncode()) is not None:
+            # Died under load: the level measured a crash, not the config (never a verdict).
+            atomic_write_text(run_dir / f"level-{i}-crashed.json", json.dumps(result.to_dict()))
+            raise _Crashed(i, load, code, result)
         runs = 1
         parts = [*parts, result] if again else [result]
         if again and previous is not None:
@@ -387,7 +429,7 @@ async def _measure_levels(
         resolution=settings.resolution,
     )
     say(f"    capacity {record.describe()}" + (f": {record.note}" if record.low > 0 else ""))
-    return levels, record
+    return record
 
 
 def run_trial(
@@ -430,8 +472,9 @@ def run_trial(
                 extra={"log_tail": exc.log_tail[-2000:], "root_cause": list(exc.root_cause)},
             )
         say(f"    engine healthy after {endpoint.startup_s:.0f} s")
+        levels: list[Level] = []
         try:
-            levels, capacity = await _measure_levels(
+            capacity = await _measure_levels(
                 sla,
                 engine,
                 endpoint,
@@ -441,7 +484,10 @@ def run_trial(
                 engine.cuda_devices,
                 say,
                 engine_gpus,
+                levels,
             )
+        except _Crashed as crash:
+            return _crashed(crash, levels, endpoint)
         finally:
             await engine.stop()
         best = _best_level(levels, capacity)
@@ -457,6 +503,36 @@ def run_trial(
             argv=tuple(endpoint.argv),
             log_path=str(engine.log_path),
             capacity=capacity,
+        )
+
+    def _crashed(crash: _Crashed, levels: list[Level], endpoint: Endpoint) -> TrialResult:
+        log = tail(engine.log_path, 1_000_000, max_bytes=ROOT_CAUSE_WINDOW_BYTES)
+        root = adapter_of(sla).root_cause(log)
+        at = _arrival(arrival_of(sla), crash.load).describe()
+        reason = crash_reason(crash.level, at, crash.code, crash.requests, crash.failed, root)
+        say(f"    level {crash.level + 1}: {at} -> engine crashed (exit status {crash.code})")
+        return TrialResult(
+            dict(params),
+            "failed",
+            load_kind,
+            levels=tuple(levels),
+            reason=reason,
+            cause=CRASHED,
+            startup_s=endpoint.startup_s,
+            argv=tuple(endpoint.argv),
+            log_path=str(engine.log_path),
+            extra={
+                "crash": {
+                    "level": crash.level + 1,
+                    "load": crash.load,
+                    "returncode": crash.code,
+                    "requests": crash.requests,
+                    "failed": crash.failed,
+                    "result_file": f"level-{crash.level}-crashed.json",
+                },
+                "log_tail": "\n".join(log.splitlines()[-40:])[-2000:],
+                "root_cause": root,
+            },
         )
 
     # The host is part of the measurement: its load before and during the launch.

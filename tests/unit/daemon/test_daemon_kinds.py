@@ -54,10 +54,11 @@ def test_every_stored_kind_has_one_object_with_its_result_codes() -> None:
     assert tuple(kinds.KINDS) == JOB_KINDS
     assert {name: sorted(k.results) for name, k in kinds.KINDS.items()} == {
         "tune": [0, 1],  # 1: nothing met the SLA, still a finished study
-        "recheck": [0, 1, 3],  # 1: missed the SLA, 3: the engine did not start
+        "recheck": [0, 1],  # 1: missed the SLA; 3 (the engine failed) is no verdict
         "regression": [0],
     }
     assert all(2 not in k.results for k in kinds.KINDS.values())  # bad input is never a result
+    assert all(3 not in k.results for k in kinds.KINDS.values())  # nor a failed engine
     with pytest.raises(UnknownJobKind, match="unknown job kind 'nightly'"):
         kinds.get("nightly")
 
@@ -72,6 +73,7 @@ def test_tune_argv_and_where_it_runs(daemon: Daemon) -> None:
     assert argv[4] == str(daemon.layout.sla_file("p", "eng-a"))
     assert argv[argv.index("--trials-dir") + 1] == str(daemon.layout.trials_dir("p", "eng-a"))
     assert argv[argv.index("--extra-trials") + 1] == "3"
+    assert "--fresh" in argv  # a re-tune decides on what it measures now
     tune = kinds.get("tune")
     assert tune.leases_devices(DaemonConfig())
     assert tune.leases_devices(DaemonConfig(executor="ray"))  # a local Ray: leased here

@@ -119,6 +119,9 @@ class FakeEngine:
     async def stop(self) -> None:
         self.stopped = True
 
+    def returncode(self) -> int | None:
+        return None  # never exits on its own (a crash is tests/unit/cli/test_engine_faults.py)
+
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeLoad:
