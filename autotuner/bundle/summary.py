@@ -14,6 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.bundle.cache_report import cache_lines
+from autotuner.bundle.conditions import condition_lines
 from autotuner.core.errors import AutotunerError
 from autotuner.engines.layout import devices_used
 from autotuner.records.manifest import DecisionRecord, Manifest
@@ -64,6 +65,7 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     for _, r in trials:
         if r.baseline:
             fixed = set(r.params_or({}))
+    conditions, busy = condition_lines(((t.number, r) for t, r in trials), study_dir)
     for t, r in trials:
         m = r.metrics
         params = {k: v for k, v in r.params_or(t.params).items() if k not in fixed}
@@ -72,6 +74,8 @@ def render(study: optuna.Study, study_dir: Path) -> str:
             note = f"trial {r.requeued_from}'s config, queued again"  # its values aren't params yet
         if r.reason and not feasible(t):
             note += f" -- {r.reason}"
+        if t.number in busy:
+            note += " [busy host]"
         cap = r.capacity.value if r.capacity else r.max_load
         # Capacity over the GPUs of the config's layout (tensor x pipeline x data parallel).
         per_gpu = None if cap is None else cap / devices_used(r.params_or(t.params))
@@ -87,6 +91,12 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     if said := defaults_line(study, _resolution(study_dir)):
         lines.append(f"search: {said}")
     lines += cache_lines(((t.number, r) for t, r in trials), study_dir)
+    lines += conditions
+    if busy:
+        lines.append(
+            f"busy host: trial(s) {', '.join(map(str, sorted(busy)))} were measured while other "
+            "processes used the cores: their figures follow that load, not only the config"
+        )
     promotion = s.promotion
     lines.append("")
     manifest = study_dir / "promoted" / "optimization_manifest.json"

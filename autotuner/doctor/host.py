@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from autotuner.core.hardware import CpuInfo
+from autotuner.measure.hostload import HostSample, sample
 from autotuner.records.doctor import Finding
 
 GIB = 1 << 30
@@ -147,6 +148,27 @@ def cpu_findings(cpu: CpuInfo, *, device: str, ranks: int, mem_util: float | Non
         else:
             out.append(Finding(check="host.memory", status="ok", found=ram))
     return out
+
+
+def load_finding(device: str, found: HostSample | None = None) -> Finding:
+    """Other processes on the cores (measured over a second unless ``found`` is given): the
+    host is part of the measurement. On a CPU target the engine's latency follows their
+    load, on any target the load generator's sends do (issue 28: a shared 2-core host
+    measured one config at 0 and at 4.27 req/s ten minutes apart, while doctor passed)."""
+    try:
+        found = found or sample(1.0)
+    except OSError as exc:
+        return Finding(check="host.load", status="ok", found=f"host load not measurable: {exc}")
+    if not found.busy:
+        return Finding(check="host.load", status="ok", found=found.describe())
+    what = "the CPU engine's latency" if device == "cpu" else "the load generator's sending"
+    return Finding(
+        check="host.load",
+        status="warning",
+        found=f"{found.describe()}: a busy host",
+        action=f"stop them or tune on a quiet host: {what} follows their load; `report` marks "
+        "launches measured on a busy host",
+    )
 
 
 def places(model_dir: Path | None, trials_dir: Path, home: Path) -> dict[str, Path]:

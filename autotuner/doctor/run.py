@@ -162,6 +162,7 @@ def diagnose(
     out += host.disk_findings(host.places(model_dir, trials_dir, paths.home()))
     out.append(host.shm_finding(ranks))
     out += host.cpu_findings(hw.cpu, device=target_kind, ranks=ranks, mem_util=util)
+    out.append(host.load_finding(target_kind))
     return DoctorReport(
         subject=subject,
         engine=engine_text,

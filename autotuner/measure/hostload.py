@@ -196,3 +196,20 @@ def describe(record: dict[str, Any]) -> str:
     head = "busy host" if record.get("busy") else "quiet host"
     said = f"{head}: other processes used {', '.join(parts) or '?'} of {n} cores"
     return said + (f" (load average up to {load:.2f})" if load is not None else "")
+
+
+def busy_warning(device: str, found: HostSample | None = None) -> str | None:
+    """``tune``'s warning when other processes use the cores now (sampled over a second
+    unless ``found`` is given); None on a quiet host."""
+    try:
+        found = found or sample(1.0)
+    except (psutil.Error, OSError):
+        return None
+    if not found.busy:
+        return None
+    what = "the CPU engine's latency" if device == "cpu" else "the load generator's sending"
+    return (
+        f"{found.describe()}: {what} follows their load, so capacities measured now may not "
+        "hold on a quiet host; each launch records the host's load and `report` marks those "
+        "measured on a busy host"
+    )

@@ -31,6 +31,7 @@ from autotuner.engines.base import EngineAdapter
 from autotuner.measure import kernel_profile
 from autotuner.measure.bench import resolve_model
 from autotuner.measure.gate import run_gate
+from autotuner.measure.hostload import busy_warning
 from autotuner.measure.kernels import KernelBreakdown
 from autotuner.measure.levels import resolution_notes
 from autotuner.measure.quality import GateResult
@@ -291,6 +292,8 @@ def _tune(
     t = sla.tune
     few = two_pair_warning(t.confirm.replicates, t.confidence, t.capacity_resolution)
     warnings += [few] if few is not None else []
+    busy = busy_warning(sla.target.kind)  # the host is part of the measurement
+    warnings += [busy] if busy is not None else []
     for line in notes:
         _say(f"note: {line}")
     for line in warnings:
