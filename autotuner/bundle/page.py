@@ -612,7 +612,7 @@ def _kept_against(d: DecisionRecord) -> str:
         conf = f" at {cmp['confidence'] * 100:.0f} %" if cmp["confidence"] else ""
         out += (
             f" {clean(label)} against it: {_fmt_pct(cmp['effect'])}{span}{conf} from "
-            f"{cmp['pairs']} pairs ({cmp['verdict']})."
+            f"{cmp['pairs']} pair{'' if cmp['pairs'] == 1 else 's'} ({cmp['verdict']})."
         )
     return out
 
@@ -682,7 +682,10 @@ def _headline(
 
 
 def _rests_on(
-    manifest: Manifest | None, launches: Sequence[Launch], plan: ConfirmPlanFile | None
+    manifest: Manifest | None,
+    launches: Sequence[Launch],
+    plan: ConfirmPlanFile | None,
+    cpu: bool = False,
 ) -> list[str]:
     out = []
     d = manifest.decision if manifest else None
@@ -714,7 +717,7 @@ def _rests_on(
             if len(gpu_s) < len(ran):
                 text += f" ({len(ran) - len(gpu_s)} launches without a GPU count)"
         else:
-            text += " (no GPU count recorded: GPU-minutes not known)"
+            text += " (a CPU target: no GPU time)" if cpu else " (no GPU count recorded)"
         out.append(text)
     return out
 
@@ -795,8 +798,8 @@ def _hardware(manifest: Manifest | None) -> list[tuple[str, list[str]]]:
     out = []
     for key in _HARDWARE_FIELDS:
         values = [row.get(key, "") for row in rows]
-        if not any(values):
-            continue
+        if all(v.strip().lower() in ("", "n/a") for v in values):
+            continue  # not a field of this device (a CPU has no driver version)
         if key.endswith("_bytes"):
             values = [_gib(v) for v in values]
         out.append((clean(key.removesuffix("_bytes")), [clean(v) for v in values]))
@@ -900,7 +903,12 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
         name=name,
         state=state,
         headline=clean(_headline(state, manifest, launches, best, tuner)),
-        rests_on=_rests_on(manifest, launches, plan),
+        rests_on=_rests_on(
+            manifest,
+            launches,
+            plan,
+            str((record.identity or {}).get("target", "")).startswith("cpu"),
+        ),
         decision_reason=clean(d.reason) if d is not None else None,
         identity={clean(k): clean(v) for k, v in (record.identity or {}).items()},
         objectives=[
