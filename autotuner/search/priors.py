@@ -14,6 +14,14 @@ engine: what a condition means is the file's business, how it is decided is this
   whole E2E, whose TTFT part includes waiting for a slot) keep it a lower bound on the slots
   the load needs, also when the defaults were overloaded. A closed-loop load *is* a
   concurrency.
+* :func:`capacity_measured`: what the incumbent (the best config so far) measured at its
+  capacity, the load that matters (issue 28): ``capacity_concurrency``, Little's law at its
+  highest level that met the SLA, and the limit that bounded its capacity (the first miss
+  above it, :func:`binding_limit`). A prior's ``by_limit`` rules let that limit choose the
+  direction the warm start moves a knob; the search-space file states each with its reason.
+  The warm start of issue 28 sized ``max_num_seqs`` from ``concurrency`` at the SLA's own
+  rate (62 and 41 slots) while the defaults' capacity, 17.8 req/s on an H200, had more than
+  twice as many requests in flight.
 * :func:`hopeless_reason`: why a candidate's suggested values are hopeless, or None.
 * :class:`SearchPlan`: what the study loop asks: the next warm-start candidate (the most
   influential knobs one at a time around their priors, from the best config so far; then the
@@ -55,6 +63,8 @@ __all__ = [
     "THROUGHPUT_METRICS",
     "SearchPlan",
     "Situation",
+    "binding_limit",
+    "capacity_measured",
     "hopeless_reason",
     "measured_from",
     "memory_fix",
@@ -86,9 +96,16 @@ class Situation:
     objectives: tuple[tuple[str, str], ...] = ()  # (metric, "maximize" | "minimize")
     limited: frozenset[str] = frozenset()  # constrained metrics and their latency kinds
     measured: Mapping[str, float] = field(default_factory=dict)
+    bound: str | None = None  # what bounded the incumbent's capacity (space.BINDING), if known
 
     @classmethod
-    def of(cls, sla: Sla, device: str, measured: Mapping[str, float] | None = None) -> Situation:
+    def of(
+        cls,
+        sla: Sla,
+        device: str,
+        measured: Mapping[str, float] | None = None,
+        bound: str | None = None,
+    ) -> Situation:
         limited: set[str] = set()
         for c in sla.constraints:
             limited.add(c.metric)
@@ -99,6 +116,7 @@ class Situation:
             objectives=tuple((o.metric, o.direction) for o in sla.objectives),
             limited=frozenset(limited),
             measured=dict(measured or {}),
+            bound=bound,
         )
 
     @property
@@ -132,6 +150,67 @@ def measured_from(result: TrialResult) -> dict[str, float]:
     if not (math.isfinite(rate) and math.isfinite(busy_s)) or rate <= 0 or busy_s <= 0:
         return {}
     return {"concurrency": rate * busy_s}
+
+
+def _in_flight(metrics: Mapping[str, float | None], served: float | None) -> float | None:
+    """Little's law on one level: served rate x mean time after the first token."""
+    rate = served if served is not None else metrics.get("request_rate")
+    e2e, ttft = metrics.get("mean_e2e_ms"), metrics.get("mean_ttft_ms")
+    if rate is None or e2e is None or ttft is None:
+        return None
+    busy_s = (e2e - ttft) / 1000
+    if not (math.isfinite(rate) and math.isfinite(busy_s)) or rate <= 0 or busy_s <= 0:
+        return None
+    return rate * busy_s
+
+
+def binding_limit(result: TrialResult, sla: Sla) -> str | None:
+    """What bounded a launch's capacity (a name of :data:`autotuner.space.BINDING`): at the
+    lowest level above the capacity that missed the SLA (the bracket's high edge), the missed
+    constraint with the largest margin, as its latency kind (``tpot``), ``memory`` or
+    ``errors``; ``served_rate`` when only the engine's falling behind made it miss. None when
+    nothing above the capacity missed (an open bracket) or the miss names no such limit."""
+    cap = result.found_capacity()
+    if cap is None or cap.high is None or cap.low <= 0:
+        return None
+    above = [
+        lv
+        for lv in result.levels
+        if math.isclose(lv.load, cap.high, rel_tol=1e-9) and lv.verdict != "meets"
+    ]
+    if not above:
+        return None
+    level = above[-1]
+    metric_of = {c.key: c.metric for c in sla.constraints}
+    missed = [k for k, v in level.verdicts.items() if v == "misses"] or [
+        k for k, v in level.verdicts.items() if v == "undecided"
+    ]
+    if missed:
+        worst = max(missed, key=lambda k: level.margins.get(k) or 0.0)
+        metric = metric_of.get(worst, worst)
+        if (m := _LATENCY_RE.match(metric)) is not None:
+            return m[1]
+        if metric == "peak_memory_gib":
+            return "memory"
+        if "error" in metric:
+            return "errors"
+    if level.sustained is False:
+        return "served_rate"
+    return None
+
+
+def capacity_measured(result: TrialResult, sla: Sla) -> tuple[dict[str, float], str | None]:
+    """What a launch that met the SLA measured at its capacity: ``capacity_concurrency`` (the
+    requests in flight at its highest level that met the SLA; empty when not measurable) and
+    the limit that bounded it (:func:`binding_limit`)."""
+    if result.best is None or result.load_kind == "concurrency":
+        level_load = result.max_load
+        out = {"capacity_concurrency": float(level_load)} if level_load else {}
+        return out, binding_limit(result, sla)
+    level = result.levels[result.best]
+    flight = _in_flight(level.metrics, level.served_rate)
+    bound = binding_limit(result, sla)
+    return ({} if flight is None else {"capacity_concurrency": flight}), bound
 
 
 # --------------------------------------------------------------------------- hopeless
@@ -258,9 +337,16 @@ def _prior_values(p: ParamSpec, s: Situation) -> list[ParamValue]:
     if prior is None:
         return []
     raw: list[Any] = list(prior.first)
-    measured = s.measured.get(prior.near) if prior.near else None
+    times = prior.times
+    # The limit that bounded the incumbent's capacity chooses the direction (space file).
+    rule = next((b for b in prior.by_limit if s.bound is not None and s.bound in b.limits), None)
+    if rule is not None and rule.first:
+        raw, times = list(rule.first), ()
+    elif rule is not None:
+        times = rule.times
+    measured = s.measured.get(prior.near) if prior.near and times else None
     if measured is not None:
-        raw = [measured * t for t in prior.times]
+        raw = [measured * t for t in times]
     out: list[ParamValue] = []
     for v in raw:
         snapped = snap(p, v)
@@ -352,6 +438,9 @@ class SearchPlan:
     engine_defaults: EngineDefaults | None = None
     near_steps: float | None = NEAR_STEPS
     _book: MissBook | None = field(default=None, repr=False)
+    _capacity: dict[int, tuple[dict[str, float], str | None]] = field(
+        default_factory=dict, repr=False
+    )
 
     def describe(self) -> list[str]:
         """What the warm start tries and which values are hopeless, for the tune's log."""
@@ -365,6 +454,16 @@ class SearchPlan:
                 factors = ", ".join(f"x{t:g}" for t in p.prior.times)
                 near = f"measured {p.prior.near} {factors}" + ("; else " if first else "")
             lines.append(f"warm start {p.prior.rank}: {p.name} = {near}{first}")
+            for b in p.prior.by_limit:
+                to = (
+                    ", ".join(_show(v) for v in b.first)
+                    if b.first
+                    else f"measured {p.prior.near} " + ", ".join(f"x{t:g}" for t in b.times)
+                )
+                lines.append(
+                    f"  when the incumbent's capacity ended at {'/'.join(b.limits)}: "
+                    f"{p.name} = {to}: {b.why}"
+                )
         for p in self.space.params:
             for rule in p.hopeless:
                 what = (
@@ -382,9 +481,27 @@ class SearchPlan:
         return lines
 
     def situation(self, study: optuna.Study) -> Situation:
+        """The baseline's measurements, with the incumbent's at its capacity (the load that
+        matters) and the limit that bounded it, once a config met the SLA."""
         if self.measured is None:
             self.measured = self._read_baseline(study)
-        return Situation.of(self.sla, self.space.device, self.measured)
+        measured = dict(self.measured or {})
+        extra, bound = self._at_capacity(study)
+        return Situation.of(self.sla, self.space.device, {**measured, **extra}, bound)
+
+    def _at_capacity(self, study: optuna.Study) -> tuple[dict[str, float], str | None]:
+        """:func:`capacity_measured` of the incumbent (read from its ``trial.json``, kept
+        per trial number); nothing while no launch met the SLA."""
+        best = best_launch(study)
+        if best is None or self.study_dir is None:
+            return {}, None
+        if best.number not in self._capacity:
+            r = TrialRecord.from_trial(best)
+            path = self.study_dir / r.result_file if r.result_file else None
+            if path is None or not path.exists():
+                return {}, None
+            self._capacity[best.number] = capacity_measured(TrialResult.read(path), self.sla)
+        return self._capacity[best.number]
 
     def observe_baseline(self, result: TrialResult) -> None:
         """The baseline finished: keep what it measured."""

@@ -50,7 +50,9 @@ if TYPE_CHECKING:
     from autotuner.core.hardware import HardwareProfile
 
 __all__ = [
+    "BINDING",
     "MEASURED",
+    "ByLimit",
     "Condition",
     "DeclaredOptions",
     "Dropped",
@@ -78,7 +80,14 @@ Device = Literal["cpu", "gpu"]
 
 # Quantities the baseline's launch measures, which priors (``near``) and hopeless conditions
 # (``below``) may name; :mod:`autotuner.search.priors` computes them.
-MEASURED: frozenset[str] = frozenset({"concurrency"})
+# ``concurrency``: the baseline's, at the SLA's own load; ``capacity_concurrency``: the
+# incumbent's (the best config so far), at its capacity (issue 28: the load that matters).
+MEASURED: frozenset[str] = frozenset({"concurrency", "capacity_concurrency"})
+# What can bound a launch's capacity: the first miss above it (``search.priors``): a latency
+# kind, the peak memory, the error rate, or the engine not keeping up with the rate sent.
+BINDING: frozenset[str] = frozenset(
+    {"ttft", "tpot", "itl", "e2e", "memory", "errors", "served_rate"}
+)
 
 
 class SpaceError(BadInput, ValueError):
@@ -258,6 +267,15 @@ class _Not(_Strict):
     not_: list[ParamValue] = Field(alias="not")
 
 
+class _ByLimit(_Strict):
+    """A prior's direction when the incumbent's capacity was bounded by one of ``limits``."""
+
+    limits: list[str]  # names of BINDING
+    first: list[ParamValue] = Field(default_factory=list)  # values to try, in order
+    times: list[float] = Field(default_factory=list)  # ... or factors on the prior's ``near``
+    why: str
+
+
 class _Prior(_Strict):
     """Where the warm start looks first (``prior:``); see the folder's README."""
 
@@ -265,6 +283,8 @@ class _Prior(_Strict):
     first: list[ParamValue] = Field(default_factory=list)  # values to try first, in order
     near: str | None = None  # ... or around a quantity the baseline measured
     times: list[float] = Field(default_factory=list)  # ... times these factors
+    # ... or, when the incumbent's capacity was bounded by one of a rule's limits, its values
+    by_limit: list[_ByLimit] = Field(default_factory=list)
 
 
 class _Hopeless(_Strict):
@@ -372,6 +392,18 @@ class Prior:
     first: tuple[ParamValue, ...] = ()
     near: str | None = None
     times: tuple[float, ...] = ()
+    by_limit: tuple[ByLimit, ...] = ()  # directions by the limit that bounded the incumbent
+
+
+@dataclass(frozen=True)
+class ByLimit:
+    """A prior's direction when the incumbent's capacity was bounded by one of ``limits``
+    (:data:`BINDING`): its ``first`` values, or ``times`` on the prior's ``near``; ``why``."""
+
+    limits: tuple[str, ...]
+    first: tuple[ParamValue, ...]
+    times: tuple[float, ...]
+    why: str
 
 
 @dataclass(frozen=True)
@@ -825,6 +857,19 @@ def _check_prior(d: _Decl, p: _Prior, where: _Decl | _Variant) -> list[tuple[str
         out.append(("rank", "a prior needs a rank: its place in the warm start (1 = first)"))
     if p.rank is not None and not p.first and p.near is None:
         out.append(("rank", "a ranked prior needs 'first' values or 'near' to try"))
+    for i, b in enumerate(p.by_limit):
+        at = f"by_limit.{i}"
+        if unknown := [x for x in b.limits if x not in BINDING]:
+            out.append((at, f"unknown limits {unknown} (one of {', '.join(sorted(BINDING))})"))
+        if not b.why.strip():
+            out.append((at, "say why this direction helps under that limit"))
+        if bool(b.first) == bool(b.times):
+            out.append((at, "give 'first' values or 'times' (factors on the prior's 'near')"))
+        if b.times and p.near is None:
+            out.append((at, "'times' multiplies the prior's 'near', which is not given"))
+        for v in b.first:
+            if not _check_type(d.type, v):
+                out.append((at, f"{_show(v)} is not {_kind(d.type)}"))
     return out
 
 
@@ -1252,7 +1297,11 @@ def _condition(parent: str, rule: list[ParamValue] | _Not) -> Condition:
 def _prior(p: _Prior | None) -> Prior | None:
     if p is None or p.rank is None:
         return None
-    return Prior(p.rank, tuple(p.first), p.near, tuple(p.times))
+    by_limit = tuple(
+        ByLimit(tuple(b.limits), tuple(b.first), tuple(b.times), " ".join(b.why.split()))
+        for b in p.by_limit
+    )
+    return Prior(p.rank, tuple(p.first), p.near, tuple(p.times), by_limit)
 
 
 def _hopeless(param: str, h: _Hopeless) -> Hopeless:

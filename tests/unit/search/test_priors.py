@@ -89,9 +89,10 @@ def test_the_vllm_file_gives_priors_and_hopeless_values_with_reasons() -> None:
     space = gpu()
     seqs = space.param("max_num_seqs")
     assert seqs.prior is not None and seqs.prior.rank == 2
+    # Sized from the incumbent's capacity, the load that matters (issue 28, section 3).
     assert (seqs.prior.near, seqs.prior.times, seqs.prior.first) == (
-        "concurrency",
-        (3.0, 2.0),
+        "capacity_concurrency",
+        (2.0, 1.5),
         (256, 512),
     )
     assert [(h.below, h.times) for h in seqs.hopeless] == [
@@ -135,7 +136,8 @@ def test_priors_and_hopeless_values_do_not_change_the_space_hash(tmp_path: Path)
         (
             "hopeless_when:\n      - below: latency\n        why: x",
             9,
-            "hopeless_when[0]: latency is neither a number nor measured (concurrency)",
+            "hopeless_when[0]: latency is neither a number nor measured "
+            "(capacity_concurrency, concurrency)",
         ),
         ("hopeless_when:\n      - values: [1]", 9, "hopeless_when.0.why: Field required"),
         (
@@ -304,11 +306,13 @@ def test_snap_moves_values_into_the_domain() -> None:
 
 def test_warm_start_order_one_knob_at_a_time_by_rank() -> None:
     space = gpu(lossy=True)
-    cands = [c for *_, c in warm_candidates(space, {}, situation(concurrency=34.4))]
+    # 34.4 requests in flight at the incumbent's capacity: x2, x1.5 (no bounding limit known)
+    at_capacity = Situation.of(parse_sla(SLA), "gpu", {"capacity_concurrency": 34.4})
+    cands = [c for *_, c in warm_candidates(space, {}, at_capacity)]
     assert cands == [
         {"kv_cache_dtype": "fp8"},  # first where lossy is allowed: it changes what fits
-        {"max_num_seqs": 103},
         {"max_num_seqs": 69},
+        {"max_num_seqs": 52},
         {"max_num_batched_tokens": 16384},
         {"max_num_batched_tokens": 4096},
         {"performance_mode": "throughput"},
@@ -456,7 +460,7 @@ def test_a_resumed_study_reads_the_baseline_measurement_back(tmp_path: Path) -> 
     loop.runner(loop.study(), stop=False).loop()  # the baseline only
     plan = SearchPlan(loop.space, loop.sla, tmp_path)  # a new process: nothing in memory
     study = loop.study()
-    assert plan.situation(study).measured == {"concurrency": pytest.approx(20.0)}
+    assert plan.situation(study).measured["concurrency"] == pytest.approx(20.0)
     assert plan.hopeless(study, {"max_num_seqs": 16}) is not None
     assert plan.next_warm(study, loop.space.fixed) == {"max_num_seqs": 64}
 
