@@ -48,17 +48,20 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     ident = s.identity or {}
     if ident:
         lines.append(
-            f"engine {ident.get('engine')}, target {ident.get('target')}, "
+            f"engine {ident.get('engine')}, target {target_text(ident.get('target'))}, "
             f"space {ident.get('space')}"
         )
+    # A CPU target has no GPUs: its layout's devices are engine ranks.
+    unit = "rank" if str(ident.get("target", "")).startswith("cpu") else "GPU"
+    ttft, tpot = sla_percentiles(study_dir)
     objs = s.objectives
     pairs = zip(study.directions, objs, strict=False)
     lines.append("objectives: " + ", ".join(f"{d.name.lower()} {m}" for d, m in pairs))
     lines.append("")
     lines.append(
-        f"{'#':>3}  {'role':<9} {'status':<18} {'capacity':>8} {'bracket':>13} {'per GPU':>8} "
-        f"{'goodput':>8} "
-        f"{'p99 TTFT':>9} {'p99 TPOT':>9}  params / reason"
+        f"{'#':>3}  {'role':<9} {'status':<18} {'capacity':>8} {'bracket':>13} "
+        f"{'per ' + unit:>8} {'goodput':>8} "
+        f"{_pct(ttft) + ' TTFT':>9} {_pct(tpot) + ' TPOT':>9}  params / reason"
     )
     trials = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
     fixed: set[str] = set()
@@ -82,11 +85,12 @@ def render(study: optuna.Study, study_dir: Path) -> str:
         lines.append(
             f"{t.number:>3}  {r.role or '-':<9} {_status(t, r):<18} "
             f"{_num(cap):>8} {_bracket(r):>13} {_num(per_gpu):>8} {_num(m.get('goodput')):>8} "
-            f"{_num(m.get('p99_ttft_ms'), 0):>9} {_num(m.get('p99_tpot_ms'), 1):>9}  {note}"
+            f"{_num(m.get(ttft), 0):>9} {_num(m.get(tpot), 1):>9}  {note}"
         )
     lines.append(
-        "capacity: the highest load meeting the SLA, per GPU of its layout, goodput at capacity "
-        "(single runs of the search); latencies at the SLA's own load"
+        f"capacity: the highest load meeting the SLA, per {unit} of its layout, goodput at "
+        "capacity (single runs of the search); latencies at the SLA's own load, at the "
+        "percentiles the SLA limits"
     )
     if said := defaults_line(study, _resolution(study_dir)):
         lines.append(f"search: {said}")
@@ -120,6 +124,33 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     if any(p.node for p in placements):  # ran on Ray: where each launch went
         lines += ["", placement.render(placements)]
     return "\n".join(lines)
+
+
+def target_text(target: object) -> str:
+    """A study identity's target as a reader says it: ``cpu`` (not ``cpu:``), ``gpu 0,1``."""
+    kind, _, devices = str(target or "-").partition(":")
+    return f"{kind} {devices}" if devices else kind
+
+
+def sla_percentiles(study_dir: Path) -> tuple[str, str]:
+    """The TTFT and TPOT metrics the study's SLA limits (``p90_ttft_ms`` for a p90 limit);
+    the p99 where it limits neither (or has no readable ``sla.yaml``)."""
+    ttft, tpot = "p99_ttft_ms", "p99_tpot_ms"
+    try:
+        from autotuner.sla.spec import load_sla
+
+        constraints = load_sla(study_dir / "sla.yaml").constraints
+    except (AutotunerError, OSError, ValueError):
+        return ttft, tpot
+    metrics = [c.metric for c in constraints]
+    ttft = next((m for m in metrics if m.endswith("_ttft_ms")), ttft)
+    tpot = next((m for m in metrics if m.endswith("_tpot_ms")), tpot)
+    return ttft, tpot
+
+
+def _pct(metric: str) -> str:
+    """``p90_ttft_ms`` -> ``p90``; ``mean_ttft_ms`` -> ``mean``."""
+    return metric.split("_", 1)[0]
 
 
 def _resolution(study_dir: Path) -> float:
