@@ -27,6 +27,7 @@ from autotuner.measure.conversations import synthetic_traffic
 from autotuner.measure.evaluate import Evaluation, evaluate
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
 from autotuner.measure.monitor import Monitor
+from autotuner.measure.steady import describe as describe_warmup
 from autotuner.measure.steady import rule_of
 from autotuner.models import synth
 from autotuner.records.bench import BenchResult, VerdictRecord
@@ -284,8 +285,16 @@ async def measure(
             around=monitor,
         )
         summary = monitor.summary()
+        if result.warmup is not None:
+            say(f"warm-up: {describe_warmup(result.warmup)}")
         result = LoadResult(
-            result.plan, result.records, result.duration_s, result.warmup_failed, summary
+            result.plan,
+            result.records,
+            result.duration_s,
+            result.warmup_failed,
+            summary,
+            warmup_s=result.warmup_s,
+            warmup=result.warmup,  # what the warm-up to steady state took, in result.json
         )
         if (code := engine.returncode()) is not None:  # died under load: no verdict on the SLA
             raise EngineCrashed(

@@ -1,0 +1,61 @@
+"""The warm-up to steady state on a real vLLM (issue 28, section 1): a real launch's trial
+record holds what the warm-up before its first level took (requests, seconds, steady or the
+bound that ended it) and the host's load before and during the launch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotuner.engines import registry
+from autotuner.search.trial import SearchSettings, TrialResult, run_trial
+from autotuner.sla.spec import parse_sla
+
+from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_real_launch_records_its_warmup_and_the_hosts_load(
+    vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TAG_VAR, tag)
+    workload = {
+        "input_tokens": 32,
+        "output_tokens": 8,
+        "arrival": {"process": "poisson", "rate": 2.0},
+        "requests": 16,
+        "seed": 7,
+    }
+    sla = cpu_sla(
+        "it-warmup",
+        workload,
+        model={"path": str(tiny_model)},
+        tune={"max_levels": 1, "warmup": {"max_s": 30}},
+    )
+    spec = parse_sla(yaml.safe_dump(sla))
+    result = run_trial(
+        dict(spec.engine.params),
+        spec,
+        python=vllm_python,
+        model_dir=tiny_model,
+        run_dir=tmp_path / "run",
+        cuda_devices=None,
+        adapter=registry.get(spec.engine.kind),
+        settings=SearchSettings(max_levels=1),
+    )
+    assert result.status in ("complete", "stopped_early"), (result.reason, result.extra)
+    record = TrialResult.read(tmp_path / "run" / "trial.json")
+    warm = record.levels[0].warmup
+    assert warm is not None, record.levels[0]
+    # 16-request levels: windows of 5, so at least 10 requests (warmup_requests 2 is below).
+    assert warm["requests"] >= 10 and 0 < warm["seconds"] <= 30 + 60
+    assert warm["stopped_by"] in ("steady", "max_requests", "max_s")
+    assert warm["steady"] == (warm["stopped_by"] == "steady")
+    assert warm["load"] == "poisson 2 req/s" and len(warm["windows"]) >= 2
+    host = record.extra["host"]
+    assert {"cores", "busy", "before"} <= set(host) and "others_share" in host["before"]
+    assert record.gpu_seconds.get("warmup", 0) > 0  # the warm-up is its own phase
+    assert_no_leftovers(tag)
