@@ -1,4 +1,6 @@
-"""The daemon's HTTP API (aiohttp). Every request needs ``Authorization: Bearer <token>``.
+"""The daemon's HTTP API (aiohttp). Every request needs ``Authorization: Bearer <token>``,
+except the read-only pages under ``/ui`` (:mod:`autotuner.daemon.pages`, with their own rule:
+the read-only token, as an HTTP Basic password or a bearer token, never the admin token).
 
 The admin token is in ``<state_dir>/token``, the read-only one (``GET /metrics`` only) in
 ``<state_dir>/metrics_token`` (both mode 0600; :mod:`autotuner.daemon.tokens`): no header or
@@ -22,7 +24,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from autotuner import __version__
-from autotuner.daemon import tokens
+from autotuner.daemon import pages, tokens
 from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.metrics import make_registry, render
 from autotuner.daemon.offload import ParsesBusy
@@ -61,6 +63,8 @@ def _error(status: int, messages: list[str]) -> web.Response:
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     daemon = request.app[DAEMON]
+    if pages.is_page(request.path):
+        return await pages.guard(request, handler, daemon)
     header = request.headers.get("Authorization", "")
     if not header:
         resp = _error(
@@ -81,7 +85,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if scope is None:
         return _error(403, ["invalid token"])
     if not tokens.allows(scope, request.method, request.path):
-        return _error(403, ["this token may only read /metrics"])
+        return _error(403, ["this token may only read /metrics and the pages under /ui"])
     return await handler(request)
 
 
@@ -290,6 +294,7 @@ def make_app(daemon: Daemon) -> web.Application:
     r.add_get("/v1/engines", list_engines)
     r.add_get("/v1/openapi.json", openapi)
     r.add_get("/metrics", metrics)
+    pages.add_routes(r, daemon)
     return app
 
 
@@ -315,7 +320,12 @@ _LIMIT = {
 OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "autotuner daemon", "version": __version__},
-    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "components": {
+        "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "basic": {"type": "http", "scheme": "basic"},
+        }
+    },
     "security": [{"bearer": []}],
     "paths": {
         "/v1/studies": {
@@ -404,6 +414,20 @@ OPENAPI: dict[str, Any] = {
         },
         "/v1/engines": {"get": _op("Engine environments and the versions last seen")},
         "/v1/openapi.json": {"get": _op("This description")},
+        "/ui": {
+            "get": _op(
+                "The jobs overview, an HTML page for a browser (read-only token as the HTTP "
+                "Basic password; the admin token and any token in the query string are refused)",
+                security=[{"basic": []}],
+            )
+        },
+        "/ui/studies/{name}": {
+            "get": _op(
+                "The study's report page (HTML), as `autotuner report --html` writes it",
+                parameters=_NAME,
+                security=[{"basic": []}],
+            )
+        },
         "/metrics": {
             "get": _op(
                 "Prometheus metrics (text exposition format); the read-only metrics token "

@@ -3,8 +3,10 @@
 Two tokens, both created at the first start in the state directory with mode 0600:
 
 * ``token`` (admin): every route: submit, cancel, delete, read.
-* ``metrics_token`` (read-only): ``GET /metrics`` only. This is the one to give Prometheus, so
-  whoever reads Prometheus' copy cannot submit SLAs.
+* ``metrics_token`` (read-only): ``GET /metrics`` and the pages under ``/ui``
+  (:mod:`autotuner.daemon.pages`: read-only, in a browser as the HTTP Basic password). This is
+  the one to give Prometheus and people who only look, so whoever holds a copy cannot submit
+  SLAs.
 
 Tokens are compared as bytes in constant time; a header that is not ASCII is malformed (401),
 never an error of the server. A token file that is not printable ASCII stops the start
@@ -29,6 +31,7 @@ ADMIN_FILE = "token"
 METRICS_FILE = "metrics_token"
 # What the read-only token may do: (method, path).
 METRICS_ROUTES = frozenset({("GET", "/metrics"), ("HEAD", "/metrics")})
+PAGES = "/ui"  # the pages' prefix: GET and HEAD under it are read-only too
 
 
 def read_or_create(path: Path) -> str:
@@ -89,4 +92,6 @@ def scope_of(given: str, tokens: Mapping[Scope, str]) -> Scope | None:
 
 
 def allows(scope: Scope, method: str, path: str) -> bool:
-    return scope == "admin" or (method, path) in METRICS_ROUTES
+    if scope == "admin" or (method, path) in METRICS_ROUTES:
+        return True
+    return method in ("GET", "HEAD") and (path == PAGES or path.startswith(PAGES + "/"))
