@@ -667,7 +667,7 @@ class StudyRunner:
             self.say(
                 f"  best so far: trial {best.number}, capacity {held}, goodput "
                 f"{_fmt(r.metrics.get('goodput'), ' req/s')}; "
-                f"{left} launches left, ETA {eta / 60:.0f} min"
+                f"{left} launch{'' if left == 1 else 'es'} left, ETA {eta / 60:.0f} min"
             )
 
 
