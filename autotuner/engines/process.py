@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -22,9 +23,35 @@ import psutil
 
 from autotuner.core import procs
 from autotuner.core.text import log_text
-from autotuner.engines.base import Endpoint, EngineLaunchError, LaunchCause
+from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess, LaunchCause
 
 HEALTH_POLL_S = 0.5
+# How often a start still under way is reported: a start takes up to minutes (97 s measured on
+# a CPU target) and nothing else is printed meanwhile.
+START_PROGRESS_S = 15.0
+
+
+async def launch_saying(
+    engine: EngineProcess,
+    say: Callable[[str], None],
+    *,
+    indent: str = "",
+    every_s: float = START_PROGRESS_S,
+) -> Endpoint:
+    """``engine.launch()``, saying ``engine starting, 30 s ...`` every ``every_s`` seconds
+    until the engine is healthy or its start failed."""
+    started = time.monotonic()
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            say(f"{indent}engine starting, {time.monotonic() - started:.0f} s ...")
+
+    reporter = asyncio.create_task(report())
+    try:
+        return await engine.launch()
+    finally:
+        reporter.cancel()
 
 
 def free_port() -> int:

@@ -40,7 +40,7 @@ from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess
 from autotuner.engines.layout import CAPACITY_PER_GPU, devices_used
-from autotuner.engines.process import ROOT_CAUSE_WINDOW_BYTES, tail
+from autotuner.engines.process import ROOT_CAUSE_WINDOW_BYTES, launch_saying, tail
 from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
 from autotuner.measure.cache import cache_note
 from autotuner.measure.capacity import Capacity, CapacitySearch
@@ -459,7 +459,7 @@ def run_trial(
 
     async def go() -> TrialResult:
         try:
-            endpoint = await engine.launch()
+            endpoint = await launch_saying(engine, say, indent="    ")
         except EngineLaunchError as exc:
             return TrialResult(
                 dict(params),
