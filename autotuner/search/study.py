@@ -175,15 +175,19 @@ def make_sampler(
         return optuna.samplers.GPSampler(seed=seed)
     # group=True: the baseline trial has no params, so without groups the multivariate
     # search space (params common to every finished trial) stays empty all study long.
-    return optuna.samplers.TPESampler(
-        seed=seed,
-        multivariate=True,
-        group=True,
-        constant_liar=True,
-        n_startup_trials=(
-            startup_trials if startup_trials is not None else max(2, min(10, budget // 4))
-        ),
-    )
+    # Optuna marks ``group`` experimental and warns on every tune: that warning, and only
+    # here, is silenced (the choice is deliberate; any other warning still shows).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+            n_startup_trials=(
+                startup_trials if startup_trials is not None else max(2, min(10, budget // 4))
+            ),
+        )
 
 
 def open_study(
