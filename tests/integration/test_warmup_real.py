@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotuner.engines import registry
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
 from autotuner.sla.spec import parse_sla
+from tests.unit.measure.test_steady_warmup import adapter_kw
 
 from .conftest import TAG_VAR, assert_no_leftovers, cpu_sla
 
@@ -43,7 +43,7 @@ def test_a_real_launch_records_its_warmup_and_the_hosts_load(
         model_dir=tiny_model,
         run_dir=tmp_path / "run",
         cuda_devices=None,
-        adapter=registry.get(spec.engine.kind),
+        **adapter_kw(spec),
         settings=SearchSettings(max_levels=1),
     )
     assert result.status in ("complete", "stopped_early"), (result.reason, result.extra)
