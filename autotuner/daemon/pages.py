@@ -68,10 +68,11 @@ def _refuse(status: int, message: str, *, challenge: bool = False) -> web.Respon
     return resp
 
 
-def _token_in_query(request: web.Request, known: Mapping[tokens.Scope, str]) -> bool:
+def _token_in_url(request: web.Request, known: Mapping[tokens.Scope, str]) -> bool:
+    """A token-carrying query parameter, or a query value or path segment equal to a token."""
     if any(name.lower() in TOKEN_PARAMS for name in request.query):
         return True
-    for value in request.query.values():
+    for value in [*request.query.values(), *request.path.split("/")]:
         try:
             raw = value.strip().encode("ascii")
         except UnicodeEncodeError:
@@ -101,7 +102,7 @@ def _presented(header: str) -> str | None:
 async def guard(request: web.Request, handler: Handler, daemon: Daemon) -> web.StreamResponse:
     """Let a page request through with the read-only token; refuse everything else."""
     known: dict[tokens.Scope, str] = {"admin": daemon.token, "metrics": daemon.metrics_token}
-    if _token_in_query(request, known):
+    if _token_in_url(request, known):
         return _refuse(
             403,
             "a token in the URL is refused: URLs are kept in histories, logs and Referer "

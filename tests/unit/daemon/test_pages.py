@@ -57,9 +57,11 @@ def test_the_admin_token_is_refused_in_the_query_string_and_as_the_password(
             assert status == 403, (query, headers)
             assert "a token in the URL is refused" in text
             assert daemon.token not in text
-    # The read-only token in a URL is refused too.
+    # The read-only token in a URL is refused too, and a token as a path segment.
     status, _, _ = _run(_get(daemon, f"/ui?t={daemon.metrics_token}", ro))
     assert status == 403
+    status, _, text = _run(_get(daemon, f"/ui/studies/{daemon.token}", ro))
+    assert status == 403 and daemon.token not in text
     # The admin token as a Basic password, or a bearer token: the pages are not its place.
     for headers in (basic(daemon.token), bearer(daemon.token)):
         status, _, text = _run(_get(daemon, "/ui", headers))

@@ -29,6 +29,7 @@ from optuna.trial import TrialState, create_trial
 from autotuner.daemon import jobs
 from autotuner.daemon.api import make_app
 from autotuner.daemon.service import Daemon
+from tests.unit.bundle.test_page import promoted_study
 
 from .conftest import SLA, make_daemon
 
@@ -192,5 +193,34 @@ def test_a_running_jobs_progress_changes_between_two_polls(browser: Any, served:
         # The study page of the running job reloads itself while the job runs.
         r = context.request.get(f"{served.base}/ui/studies/p?refresh=2")
         assert r.headers.get("refresh") == "2"
+    finally:
+        context.close()
+
+
+def test_a_study_page_runs_its_own_script_under_the_policy(browser: Any, served: Served) -> None:
+    daemon = served.daemon
+    name = "promote-unit"  # the study test_page promotes
+
+    async def register() -> None:
+        daemon.store.add_sla(name, SLA.format(name=name), "0 2 * * *", "eng-a")
+
+    served.call(register())
+    promoted_study(daemon.layout.trials_dir(name, "eng-a"))
+    context = browser.new_context(
+        http_credentials={"username": "viewer", "password": daemon.metrics_token}
+    )
+    errors: list[str] = []
+    try:
+        tab = context.new_page()
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        response = tab.goto(f"{served.base}/ui/studies/{name}")
+        assert response is not None and response.status == 200
+        assert "sha256-" in response.headers["content-security-policy"]
+        assert tab.inner_text("#decision").startswith("Serve trial 4: it holds +")
+        header = tab.locator("#launches thead th", has_text="capacity")
+        header.click()  # the sorting script ran: the policy allows it by its hash
+        assert header.get_attribute("aria-sort") == "ascending"
+        assert errors == []
     finally:
         context.close()
