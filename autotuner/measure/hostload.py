@@ -12,7 +12,9 @@ seconds over the wall seconds times the cores).
 and its ancestors (the command that started the tuner). The load average counts our own
 processes too (and, for a minute, the previous launch's engine), so it is recorded but does
 not decide; the other processes' CPU share does: a host is **busy** when they used more than
-:data:`BUSY_SHARE` (a quarter) of its cores, before the launch or on average during it.
+:data:`BUSY_SHARE` (a quarter) of its cores, before the launch or on average during it. A
+process that starts or ends between two samples (5 s apart during a launch) is not counted,
+so a host busy with many short processes reads quieter than it is.
 """
 
 from __future__ import annotations

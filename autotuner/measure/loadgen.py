@@ -483,8 +483,9 @@ async def warm_to_steady(
                     await one(next(counter), time.perf_counter() - run.t0)
 
             tasks = [asyncio.create_task(worker()) for _ in range(plan.arrival.concurrency or 1)]
-        if tasks:
-            await asyncio.wait(tasks, timeout=plan.request_timeout_s + rule.max_s)
+        if tasks:  # the requests still running: at most max_s more, then they are cut
+            left = run.t0 + 2 * rule.max_s - time.perf_counter()
+            await asyncio.wait(tasks, timeout=max(rule.max_s / 2, left))
     finally:
         await _cancel(tasks)
     decide()

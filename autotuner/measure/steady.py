@@ -23,7 +23,10 @@ is not steady.
 The bound: at most ``max_requests`` (200) requests and ``max_s`` (60 s) of sending, from the
 SLA's ``tune.warmup``; then the measured level starts anyway, and the record says the bound
 ended the warm-up (``steady: false``). Requests still running when the sending stops are
-waited for, so that the first measured level starts from the same state as the later ones.
+waited for, so that the first measured level starts from the same state as the later ones,
+until ``2 x max_s`` after the warm-up began (at least ``max_s / 2`` more): on an engine far
+behind the rate they are cut there (the engine aborts a request its client dropped) instead
+of holding the launch for a request time-out.
 """
 
 from __future__ import annotations

@@ -169,3 +169,14 @@ def test_a_launch_records_the_hosts_load_before_and_during(
     assert set(host["before"]) == {"load1", "others_share"}
     assert host["before"]["others_share"] >= 0 and host["before"]["load1"] >= 0
     assert host["during"]["samples"] >= 1 and host["during"]["others_share_mean"] >= 0
+
+
+def test_a_warmup_that_never_settles_stops_at_its_bound_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 12 requests at most, fewer than the two windows of 7 the rule compares: the bound ends it.
+    launch(tmp_path, monkeypatch, COLD, tune="warmup: {max_requests: 12}")
+    warm = TrialResult.read(tmp_path / "run-0" / "trial.json").levels[0].warmup
+    assert warm is not None
+    assert (warm["requests"], warm["steady"], warm["stopped_by"]) == (12, False, "max_requests")
+    assert "not steady (the request bound ended it)" in describe(warm)
