@@ -17,7 +17,7 @@ characters escaped (:func:`autotuner.bundle.page.clean`), and sent with a
 Content-Security-Policy that allows no source outside the daemon: the overview's only script is
 the one with the response's nonce, and it fetches nothing but the page itself (it polls it and
 swaps the live part); the study page allows only the sorting script of its template (by hash).
-A study page whose SLA has a running job reloads itself (``Refresh``).
+A study page whose SLA has a running or queued job reloads itself (``Refresh``).
 """
 
 from __future__ import annotations
@@ -292,17 +292,17 @@ def add_routes(router: web.UrlDispatcher, daemon: Daemon) -> None:
         if row is None:
             return _message(404, "No such SLA", f"no SLA named {name!r}")
         running = any(j.sla == name for j in (r.job for r in daemon.running.values()))
+        queued = any(j.sla == name for j in daemon.list_jobs(("queued",)))
         status, html = await asyncio.to_thread(_render_study, daemon.layout, name, row.engine)
         if status == 404:
-            queued = any(j.sla == name for j in daemon.list_jobs(("queued",)))
-            why = "its tune is queued" if queued else "no tune has started"
+            why = "a job of it is queued" if queued else "no tune has started"
             resp = _message(200, f"{name}: no study yet", f"{name} on {row.engine}: {why}.")
         elif status == 500:
             resp = _message(500, f"{name}: the study can't be read", html)
         else:
             resp = web.Response(text=html, content_type="text/html", charset="utf-8")
             resp.headers["Content-Security-Policy"] = _csp(_report_script_hashes())
-        if running:  # the page of a study being tuned reloads while it runs
+        if running or queued:  # the page of a study being tuned reloads until it ends
             resp.headers["Refresh"] = str(refresh)
         return resp
 

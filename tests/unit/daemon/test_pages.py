@@ -119,7 +119,10 @@ def test_a_study_page_renders(daemon: Daemon) -> None:
     assert 'id="decision"' in html and "Serve trial 4" in html
     csp = resp["Content-Security-Policy"]
     assert "script-src 'sha256-" in csp and "unsafe-inline" not in csp.split("style-src")[0]
-    assert "Refresh" not in resp  # nothing of it runs
+    assert "Refresh" not in resp  # nothing of it runs or waits
+    daemon.store.enqueue("recheck", name, "eng-a")
+    status, resp, _ = _run(_get(daemon, f"/ui/studies/{name}?refresh=7", ro))
+    assert status == 200 and resp["Refresh"] == "7"  # reloads until its job ends
     status, _, html = _run(_get(daemon, "/ui/studies/%3Cb%3Enope", ro))
     assert status == 404 and "&lt;b&gt;nope" in html and "<b>nope" not in html
 
