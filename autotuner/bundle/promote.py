@@ -35,6 +35,7 @@ from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
 from autotuner.engines import registry
 from autotuner.engines.base import DeployRenderer
+from autotuner.engines.deploy import dns_label
 from autotuner.engines.layout import CAPACITY_PER_GPU
 from autotuner.measure.bench import layout_of
 from autotuner.measure.kernel_profile import ProfileFailed
@@ -1024,7 +1025,7 @@ def write_bundle(
     if manifest.lossy_tier is not None:
         md = lossy_tier.lossy_tier_md(sla.name, manifest.lossy_tier, load_unit(sla))
         (tmp / "lossy_tier.md").write_text(md)
-    _write_deploy(ctx, tmp / "deploy", chosen)
+    _deploy_or_say_why(ctx, tmp / "deploy", chosen)
     from autotuner.bundle import page  # the study as one page; it reads this bundle's manifest
 
     page.write(ctx.study, ctx.study_dir, tmp / "report.html", bundle=tmp)
@@ -1077,8 +1078,26 @@ def _pareto_notes(
     return out
 
 
+def _deploy_or_say_why(ctx: Context, out: Path, chosen: Candidate) -> None:
+    """The deploy files; a renderer that fails costs those files only, never the decision or
+    the rest of the bundle: ``deploy/NOT_RENDERED.txt`` says why, and so does the tuner."""
+    try:
+        _write_deploy(ctx, out, chosen)
+    except Exception as exc:  # any renderer's failure: the bundle goes on without it
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        why = f"{type(exc).__name__}: {exc}"
+        (out / "NOT_RENDERED.txt").write_text(
+            f"The deploy files of this config could not be rendered: {why}\n"
+            "The decision and the rest of the bundle stand; optimization_manifest.json has "
+            "the exact engine command that was measured.\n"
+        )
+        print(f"warning: deploy files not rendered ({why}); the rest of the bundle is written")
+
+
 def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
     served = ctx.sla.model.served_name or ctx.sla.model.synth or ctx.model_dir.name
+    env = dict(ctx.sla.engine.env)  # what the launch was given; the renderer adds its own
     cpu = ctx.hardware.device == "cpu"
     deploy = _renderer(ctx)
     image = deploy.default_image(ctx.engine_version, cpu=cpu)
@@ -1108,7 +1127,7 @@ def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
             port=8000 + i,
             python=str(ctx.engine_python) if cpu else None,
         )
-        serve.write_text(deploy.serve_script(argv, header=mine))
+        serve.write_text(deploy.serve_script(argv, header=mine, env=env))
         serve.chmod(0o755)
         docker = out / f"docker-run{suffix}.sh"
         docker.write_text(
@@ -1119,6 +1138,7 @@ def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
                 gpu_uuids=gpus,
                 image=image,
                 port=8000 + i,
+                env=env,
             )
         )
         docker.chmod(0o755)
@@ -1129,17 +1149,19 @@ def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
             served_name=served,
             gpu_slices=slices,
             image=image,
+            env=env,
         )
     )
     (out / "k8s.yaml").write_text(
         deploy.k8s_deployment(
             params,
-            name=ctx.sla.name.lower().replace("_", "-").replace(".", "-"),
+            name=dns_label(ctx.sla.name),  # any SLA name check accepts
             served_name=served,
             image=image,
             gpus=len(slices[0]),
             model_subpath=ctx.model_dir.name,
             replicas=layout.replicas,
+            env=env,
         )
     )
 

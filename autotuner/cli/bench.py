@@ -29,6 +29,7 @@ from autotuner.measure.pacing import pacing
 def main_bench(
     sla_path: str, output: str | None, sets: list[str], trials_dir: str, show_json: bool
 ) -> int:
+    from autotuner.sla.allowed import override_problems
     from autotuner.sla.spec import load_sla
 
     try:
@@ -36,6 +37,9 @@ def main_bench(
         overrides = parse_overrides(sets)
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
+    # The same allow-list and rules as the SLA's own options (declared choices included).
+    if problems := override_problems(sla.engine.kind, overrides):
+        raise BadInput("\n".join(problems))
     run_dir = default_run_dir(Path(trials_dir), sla.name)
     started = time.monotonic()
     try:
@@ -109,8 +113,10 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def print_report(outcome: BenchOutcome, out: TextIO = sys.stdout) -> None:
-    """The human summary: latency percentiles, throughput, errors, memory, verdicts."""
+def print_report(outcome: BenchOutcome, out: TextIO | None = None) -> None:
+    """The human summary: latency percentiles, throughput, errors, memory, verdicts (on
+    ``out``, else the standard output of the moment: not the one there was at import)."""
+    out = out if out is not None else sys.stdout
     m = outcome.evaluation.metrics
     r = outcome.result
     w = out.write

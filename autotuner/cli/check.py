@@ -110,7 +110,7 @@ def layout_lines(sla: Sla, assume_gpu: str | None, engine_version: str | None) -
             hw,
             allow_lossy=sla.search.allow_lossy,
             overrides=sla.search.params,
-            engine_params=sla.engine.params,
+            engine_params=sla.engine.settings(),  # engine.params and engine.args, merged
         )
     except SpaceError as exc:
         raise BadInput(str(exc)) from None

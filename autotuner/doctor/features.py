@@ -53,27 +53,13 @@ class Fixed:
 
 
 def fixed_options(sla: Sla) -> list[Fixed]:
-    """``engine.params``, then the options ``engine.args`` sets (already validated)."""
+    """``engine.params``, then the options ``engine.args`` sets (already validated), read by
+    the same parser the launch uses (the adapter's ``sla_args_settings``)."""
     out = [Fixed(k, v, f"engine.params.{k}") for k, v in sla.engine.params.items()]
     rules = option_rules(sla.engine.kind)
-    args = sla.engine.args
-    i = 0
-    while i < len(args):
-        word = args[i]
-        flag, eq, value = word.partition("=")
-        name = flag[2:].split(".", 1)[0].replace("-", "_")
-        negated = name.startswith("no_") and name[3:] in rules
-        rule = rules.get(name[3:] if negated else name)
-        if rule is None:
-            i += 1
-            continue
-        if rule.type == "bool":
-            out.append(Fixed(name[3:] if negated else name, not negated, f"engine.args[{i}]"))
-            i += 1
-            continue
-        text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-        out.append(Fixed(name, rule.from_word(text), f"engine.args[{i}]"))
-        i += 1 if eq else 2
+    adapter = registry.get(sla.engine.kind)
+    for i, name, value in adapter.sla_args_settings(sla.engine.args, rules):
+        out.append(Fixed(name, value, f"engine.args[{i}]"))
     return out
 
 
@@ -98,7 +84,7 @@ def feature_findings(
             hw,
             allow_lossy=sla.search.allow_lossy,
             overrides=sla.search.params,
-            engine_params=sla.engine.params,
+            engine_params=sla.engine.settings(),
         )
     except SpaceError as e:
         for p in e.problems:

@@ -255,8 +255,16 @@ class DeployRenderer(Protocol):
         interpreter instead of the engine's console script)."""
         ...
 
-    def serve_script(self, argv: Sequence[str], *, header: Sequence[str] = ()) -> str:
-        """A bash script that ``exec``s ``argv``; ``header`` lines become comments."""
+    def serve_script(
+        self,
+        argv: Sequence[str],
+        *,
+        header: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """A bash script that ``exec``s ``argv`` with the environment the engine was measured
+        with (``env``: the SLA's ``engine.env``, to which the engine's launcher adds its own);
+        ``header`` lines become comments."""
         ...
 
     def docker_run(
@@ -283,9 +291,11 @@ class DeployRenderer(Protocol):
         gpu_slices: Sequence[Sequence[str]],
         image: str,
         port: int = 8000,
+        env: Mapping[str, str] | None = None,
     ) -> str:
         """A Docker Compose file, one service per engine server (``gpu_slices``: each one's
-        GPU UUIDs, empty on a CPU target), published on 127.0.0.1 from ``port`` up."""
+        GPU UUIDs, empty on a CPU target), published on 127.0.0.1 from ``port`` up; ``env``
+        as for :meth:`serve_script`."""
         ...
 
     def k8s_deployment(
@@ -352,6 +362,14 @@ class EngineAdapter(Protocol):
         """``(index, why)`` for each refused word of an SLA's ``engine.args``: options not in
         ``rules`` (the space's and :attr:`options`), reserved flags in any spelling, values
         their rule refuses."""
+        ...
+
+    def sla_args_settings(
+        self, args: Sequence[str], rules: Mapping[str, OptionRule]
+    ) -> list[tuple[int, str, bool | int | float | str]]:
+        """``(index, option, value)`` for each option an SLA's ``engine.args`` sets (args
+        :meth:`check_sla_args` accepted), typed by its rule: the args as engine options, to
+        be merged with ``engine.params`` (never appended to a command line as words)."""
         ...
 
     def check_env(self, env: Mapping[str, str]) -> list[tuple[str, str]]:

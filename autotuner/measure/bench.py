@@ -130,9 +130,10 @@ def resolve_model(sla: Sla, say: Say = _stderr) -> Path:
 def engine_params(
     sla: Sla, model_dir: Path, overrides: Mapping[str, ParamValue] | None = None
 ) -> dict[str, ParamValue]:
-    """SLA parameters + overrides; weightless (architecture-only) models load random weights
-    (the engine's options for that, e.g. a dummy load format)."""
-    params: dict[str, ParamValue] = dict(sla.engine.params)
+    """SLA parameters (``engine.params`` and ``engine.args``, merged) + overrides; weightless
+    (architecture-only) models load random weights (the engine's options for that, e.g. a
+    dummy load format)."""
+    params: dict[str, ParamValue] = dict(sla.engine.settings())
     params.update(overrides or {})
     if synth.needs_dummy_load(model_dir):
         for key, value in adapter_of(sla).random_weights.items():
@@ -174,7 +175,8 @@ def make_engine(
         served_name=sla.model.served_name or sla.model.synth or model_dir.name,
         params=layout.engine_params(params),
         log_path=log_path,
-        extra_args=(*sla.engine.args, *tuner_args),
+        # engine.args are in ``params`` (sla.engine.settings): the options once, as recorded.
+        extra_args=tuple(tuner_args),
         env={**sla.engine.env, **(tuner_env or {})},
         cuda_devices=None if cuda_devices is None else tuple(cuda_devices),
         startup_timeout_s=sla.engine.startup_timeout_s,

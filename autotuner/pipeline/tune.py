@@ -230,7 +230,7 @@ def _tune(
             hw,
             allow_lossy=sla.search.allow_lossy,
             overrides=overrides,
-            engine_params=sla.engine.params,
+            engine_params=sla.engine.settings(),  # engine.params and engine.args, merged
         )
 
     space = load(sla.search.params)

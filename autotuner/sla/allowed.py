@@ -9,6 +9,13 @@ version is not known yet (it is when tuning), so the space file for the newest r
 used, and messages say so.
 
 Problems are ``(message, path)`` pairs, the path relative to the validated section.
+
+Every source of a launch's options goes through the same rules and one merge
+(:func:`engine_settings`): ``engine.params``, then the options ``engine.args`` spells out
+(an option in both, or twice in ``engine.args``, is refused), the search space's values
+(``search.params``: an option the SLA fixes may not be searched too), ``search.baseline``,
+and ``bench --set`` (:func:`override_problems`). The engine is given the merged options as
+its command line; what a trial records is what ran.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import difflib
 from collections.abc import Mapping, Sequence
 
 from autotuner.core.options import OptionRule
+from autotuner.core.types import ParamValue
 from autotuner.engines import registry
 from autotuner.space import DeclaredOptions, SearchSpec, SpaceError, newest_declarations
 
@@ -71,15 +79,70 @@ def engine_problems(
             )
         elif (why := _value_problem(kind, rule, value)) is not None:
             problems.append((why, ("params", name)))
-    for index, why in adapter.check_sla_args(args, rules):
+    refused_args = adapter.check_sla_args(args, rules)
+    for index, why in refused_args:
         problems.append((why, ("args", index)))
+    if not refused_args:
+        seen: dict[str, int] = {}
+        for index, name, _ in adapter.sla_args_settings(args, rules):
+            if name in params:
+                problems.append(
+                    (
+                        f"{name} is also set in engine.params; give it in one place only",
+                        ("args", index),
+                    )
+                )
+            elif name in seen:
+                problems.append(
+                    (f"{name} is set twice in engine.args (also at {seen[name]})", ("args", index))
+                )
+            seen.setdefault(name, index)
     for name, why in adapter.check_env(env):
         problems.append((why, ("env", name)))
     return problems
 
 
+def engine_settings(
+    kind: str, params: Mapping[str, bool | int | float | str], args: Sequence[str]
+) -> dict[str, bool | int | float | str]:
+    """The options an SLA fixes, merged: ``engine.params``, then those ``engine.args`` sets
+    (read from args :func:`engine_problems` accepted)."""
+    out = dict(params)
+    for _, name, value in registry.get(kind).sla_args_settings(args, option_rules(kind)):
+        out[name] = value
+    return out
+
+
+def override_problems(kind: str, overrides: Mapping[str, ParamValue]) -> list[str]:
+    """Why options given on the command line (``bench --set NAME=VALUE``) are refused: the
+    same allow-list and rules as the SLA's own (null omits an option, so it always passes)."""
+    adapter = registry.get(kind)
+    try:
+        rules = option_rules(kind)
+    except SpaceError as exc:
+        return [f"cannot check the options against the search space: {exc}"]
+    problems: list[str] = []
+    for name, value in overrides.items():
+        rule = rules.get(name)
+        if name in adapter.reserved_params:
+            problems.append(f"--set {name}: cannot be set here: {adapter.reserved_params[name]}")
+        elif rule is None:
+            close = difflib.get_close_matches(name, list(rules), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(
+                f"--set {name}: not an option an SLA may set{hint}: the search space "
+                f"({_declared(kind).file.name}) does not declare it and the "
+                f"{adapter.display_name} adapter does not list it"
+            )
+        elif value is not None and (why := _value_problem(kind, rule, value)) is not None:
+            problems.append(f"--set {name}: {why}")
+    return problems
+
+
 def search_problems(kind: str, search: SearchSpec, params: Mapping[str, object]) -> Problems:
-    """Names and values of ``search.params`` that the search space would refuse when tuning."""
+    """Names and values of ``search.params`` (and of ``search.baseline``) that the search
+    space would refuse when tuning; ``params``: the options the SLA fixes
+    (:func:`engine_settings`), which may not be searched as well."""
     try:
         declared = _declared(kind)
     except SpaceError as exc:
@@ -96,7 +159,9 @@ def search_problems(kind: str, search: SearchSpec, params: Mapping[str, object])
             )
             continue
         if name in params:
-            problems.append(("also set in engine.params; give it in one place only", at))
+            problems.append(
+                ("also fixed by engine.params or engine.args; give it in one place only", at)
+            )
         fixed = override.fixed if override.is_fixed else None
         if fixed is not None and (why := _value_problem(kind, rule, fixed)) is not None:
             problems.append((why, (*at, "fixed")))
@@ -110,4 +175,10 @@ def search_problems(kind: str, search: SearchSpec, params: Mapping[str, object])
                 bound = getattr(override, key)
                 if bound is not None and (why := _value_problem(kind, rule, bound)) is not None:
                     problems.append((why, (*at, key)))
+    for name, value in search.baseline.items():
+        rule = declared.rules.get(name)
+        if rule is None or value is None:
+            continue
+        if (why := _value_problem(kind, rule, value)) is not None:
+            problems.append((why, ("search", "baseline", name)))
     return problems

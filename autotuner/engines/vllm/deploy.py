@@ -12,6 +12,11 @@ the file's whole content out; the caller writes the files. Nothing here inspects
   so the artifact reproduces what was measured; the scripts say it must go for real serving.
 - Images are pinned to the engine version that was tuned (:func:`default_image`); a floating
   ``latest`` would silently serve a config on an engine it was never measured on.
+- The environment is the one measured (:func:`deploy_env`): the SLA's ``engine.env`` with
+  what the launcher sets for every engine (:data:`~autotuner.engines.vllm.launcher.LAUNCH_ENV`);
+  only the devices are each file's own (the GPUs it pins).
+- Any model path mounts: one with ``:`` (which ``docker -v`` and compose's short syntax
+  cannot take) is mounted with ``--mount`` / compose's long syntax.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import yaml
 from autotuner.core.types import ParamValue
 from autotuner.engines.deploy import argv_lines, bash_script
 from autotuner.engines.vllm.flags import params_to_args
-from autotuner.engines.vllm.launcher import SERVER_MODULE
+from autotuner.engines.vllm.launcher import SERVER_MODULE, engine_env
 
 CONTAINER_MODEL_DIR = "/model"
 CONTAINER_PORT = 8000
@@ -51,6 +56,29 @@ def engine_params(params: Mapping[str, object]) -> dict[str, ParamValue]:
         else:
             raise TypeError(f"engine parameter {key!r} has a value of type {type(value).__name__}")
     return out
+
+
+def deploy_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The variables a deployed server runs with: as measured, the SLA's ``env`` (its
+    ``engine.env``) with what the launcher sets for every engine (engines/vllm/launcher.py)."""
+    return engine_env(env or {})
+
+
+def _mount_arg(model_dir: str) -> list[str]:
+    """The read-only model mount of ``docker run``: ``-v DIR:/model:ro``, or for a folder
+    whose path has a ``:`` (which ``-v`` splits on) ``--mount`` with the path CSV-quoted."""
+    if ":" not in model_dir:
+        return ["-v", f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"]
+    source = f"source={model_dir}"
+    if any(c in model_dir for c in ',"\n'):
+        source = '"' + source.replace('"', '""') + '"'  # docker reads --mount as CSV
+    return ["--mount", f"type=bind,{source},target={CONTAINER_MODEL_DIR},readonly"]
+
+
+def _compose_volume(model_dir: str) -> str | dict[str, Any]:
+    if ":" not in model_dir:
+        return f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"
+    return {"type": "bind", "source": model_dir, "target": CONTAINER_MODEL_DIR, "read_only": True}
 
 
 def uses_dummy_weights(argv: Sequence[str]) -> bool:
@@ -116,13 +144,16 @@ def _dummy_comment(argv: Sequence[str]) -> list[str]:
     ]
 
 
-def serve_script(argv: Sequence[str], *, header: Sequence[str] = ()) -> str:
-    """A bash script that ``exec``s ``argv`` (arguments given to the script are appended).
+def serve_script(
+    argv: Sequence[str], *, header: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> str:
+    """A bash script that exports :func:`deploy_env` of ``env`` and ``exec``s ``argv``
+    (arguments given to the script are appended).
 
     ``header`` lines become comments at the top (what was tuned, when, measured what).
     """
     comments = [*header, *_dummy_comment(argv)]
-    return bash_script(argv_lines(argv), comments, pass_args=True)
+    return bash_script(argv_lines(argv), comments, pass_args=True, env=deploy_env(env))
 
 
 def docker_argv(
@@ -137,8 +168,6 @@ def docker_argv(
     env: Mapping[str, str] | None = None,
 ) -> list[list[str]]:
     """The ``docker run`` argv, grouped a line per option (see :func:`docker_run`)."""
-    if ":" in model_dir:
-        raise ValueError(f"model directory {model_dir!r} contains ':' (docker -v cannot mount it)")
     for uuid in gpu_uuids:
         if not uuid.startswith(("GPU-", "MIG-")) or "," in uuid or '"' in uuid:
             raise ValueError(f"{uuid!r} is not a GPU UUID (GPU-... or MIG-...)")
@@ -159,12 +188,11 @@ def docker_argv(
         lines.append(["--cap-add", "SYS_NICE"])
     lines += [
         ["-p", f"127.0.0.1:{port}:{CONTAINER_PORT}"],
-        ["-v", f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"],
+        _mount_arg(model_dir),
         # A non-root user has no writable home in the image; caches go to /tmp.
         ["-e", "HOME=/tmp"],
-        ["-e", "HF_HUB_OFFLINE=1"],
     ]
-    lines += [["-e", f"{k}={v}"] for k, v in (env or {}).items()]
+    lines += [["-e", f"{k}={v}"] for k, v in deploy_env(env).items()]
     inner = _container_args(served_name, params)
     lines.append([image])
     lines += argv_lines(inner)
@@ -226,8 +254,6 @@ def compose_file(
     on GPUs ``gpu_slices[N]`` (pinned by UUID; empty: a CPU run), published on 127.0.0.1 at
     ``port + N``; locked down like :func:`docker_run`. A client (or a proxy) spreads the
     requests over the ports."""
-    if ":" in model_dir:
-        raise ValueError(f"model directory {model_dir!r} contains ':' (docker cannot mount it)")
     if not gpu_slices:
         raise ValueError("a compose file needs at least one server")
     command = _container_args(served_name, params)
@@ -245,8 +271,8 @@ def compose_file(
             "security_opt": ["no-new-privileges"],
             "shm_size": shm_size,
             "ports": [f"127.0.0.1:{port + i}:{CONTAINER_PORT}"],
-            "volumes": [f"{model_dir}:{CONTAINER_MODEL_DIR}:ro"],
-            "environment": {"HOME": "/tmp", "HF_HUB_OFFLINE": "1", **(env or {})},
+            "volumes": [_compose_volume(model_dir)],
+            "environment": {"HOME": "/tmp", **deploy_env(env)},
         }
         if gpus:
             device = {"driver": "nvidia", "device_ids": list(gpus), "capabilities": ["gpu"]}
@@ -297,7 +323,7 @@ def k8s_deployment(
         return {"httpGet": {"path": "/health", "port": "http"}}
 
     args = _container_args(served_name, params)
-    env_vars = {"HOME": "/tmp", "HF_HUB_OFFLINE": "1", **(env or {})}
+    env_vars = {"HOME": "/tmp", **deploy_env(env)}
     container: dict[str, Any] = {
         "name": "vllm",
         "image": image,
@@ -407,8 +433,14 @@ class VllmDeploy:
             params, model=model, served_name=served_name, port=port, host=host, python=python
         )
 
-    def serve_script(self, argv: Sequence[str], *, header: Sequence[str] = ()) -> str:
-        return serve_script(argv, header=header)
+    def serve_script(
+        self,
+        argv: Sequence[str],
+        *,
+        header: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        return serve_script(argv, header=header, env=env)
 
     def docker_run(
         self,
@@ -442,6 +474,7 @@ class VllmDeploy:
         gpu_slices: Sequence[Sequence[str]],
         image: str,
         port: int = 8000,
+        env: Mapping[str, str] | None = None,
     ) -> str:
         return compose_file(
             params,
@@ -450,6 +483,7 @@ class VllmDeploy:
             gpu_slices=gpu_slices,
             image=image,
             port=port,
+            env=env,
         )
 
     def k8s_deployment(

@@ -21,6 +21,26 @@ from autotuner.engines.vllm.options import RESERVED_ENV
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Forces the engine interpreter (engines/envs.py); the engine itself must not see it.
 PYTHON_VAR = "AUTOTUNER_VLLM_PYTHON"
+# What every engine is given besides the SLA's engine.env and its leased devices: a default
+# the environment (or the SLA) may change, then what the tuner owns. The deploy files set the
+# same (engines/vllm/deploy.py), so that they run the engine as it was measured.
+DEFAULT_ENV: dict[str, str] = {"TOKENIZERS_PARALLELISM": "false"}
+# Every log line reaches engine.log when written: a stopped server's last lines (its access
+# log, a traceback) would otherwise die in a block buffer. Nothing may be fetched from a hub:
+# a generated or local model is all there is.
+LAUNCH_ENV: dict[str, str] = {
+    "PYTHONUNBUFFERED": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def engine_env(sla_env: Mapping[str, str]) -> dict[str, str]:
+    """The variables an engine runs with beyond the environment it inherits and its leased
+    devices: :data:`DEFAULT_ENV`, the SLA's ``engine.env`` (but the reserved ones), then
+    :data:`LAUNCH_ENV`."""
+    own = {k: v for k, v in sla_env.items() if k not in RESERVED_ENV}
+    return {**DEFAULT_ENV, **own, **LAUNCH_ENV}
 
 
 class VllmEngine(ServerProcess):
@@ -73,15 +93,12 @@ class VllmEngine(ServerProcess):
 
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # Every log line reaches engine.log when written: a stopped server's last lines (its
-        # access log, a traceback) would otherwise die in a block buffer.
-        env["PYTHONUNBUFFERED"] = "1"
-        env.update({k: v for k, v in self.env.items() if k not in RESERVED_ENV})
-        # What the tuner owns comes last, so that nothing the SLA sets can override it.
+        own = engine_env(self.env)  # what the tuner owns comes last: the SLA cannot change it
+        for key in DEFAULT_ENV:
+            if key in os.environ and key not in self.env:
+                del own[key]  # a default: the inherited value stands
+        env.update(own)
         env.pop(PYTHON_VAR, None)
-        # Nothing may be fetched from a hub; a generated or local model is all there is.
-        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         # The lease: only the devices leased for this run are visible.
         if self.cuda_devices is None:
             env["CUDA_VISIBLE_DEVICES"] = ""

@@ -208,6 +208,42 @@ def _reserved_refusal(name: str) -> str | None:
     return None
 
 
+def args_settings(
+    args: Sequence[str], rules: Mapping[str, OptionRule]
+) -> list[tuple[int, str, bool | int | float | str]]:
+    """The options ``engine.args`` sets, in order: ``(index, option, value)`` per option, its
+    value typed by its rule (``--enforce-eager`` -> True, ``--no-enforce-eager`` -> False,
+    ``--max-num-seqs 3`` / ``--max-num-seqs=3`` -> 3). Words :func:`check_args` refuses are
+    skipped: read args it accepted. With this, ``engine.args`` is one more source of the
+    options a launch is given (``params``), merged with ``engine.params`` before the engine's
+    command line is made, never appended to it as words."""
+    out: list[tuple[int, str, bool | int | float | str]] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("--") or word == "--":
+            i += 1
+            continue
+        flag, eq, value = word.partition("=")
+        name = _option_of(flag)
+        negated = name.startswith("no_") and name[3:] in rules
+        rule = rules.get(name[3:] if negated else name)
+        takes_next = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
+        if rule is None or _reserved_refusal(name) is not None:
+            i += 2 if takes_next else 1
+            continue
+        if rule.type == "bool":
+            out.append((i, name[3:] if negated else name, not negated))
+            i += 1
+            continue
+        if not eq and not takes_next:
+            i += 1
+            continue
+        out.append((i, name, rule.from_word(value if eq else args[i + 1])))
+        i += 1 if eq else 2
+    return out
+
+
 def check_args(args: Sequence[str], rules: Mapping[str, OptionRule]) -> list[tuple[int, str]]:
     """``(index, why)`` for every word of ``engine.args`` that is refused.
 

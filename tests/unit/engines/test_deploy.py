@@ -191,8 +191,14 @@ def test_docker_run_cpu_and_bad_inputs() -> None:
     assert "benchmarking only" in script
     with pytest.raises(ValueError, match="UUID"):
         docker_run({}, model_dir="/m", served_name="m", gpu_uuids=["0"], image="i")
-    with pytest.raises(ValueError, match="':'"):
-        docker_run({}, model_dir="/a:b", served_name="m", gpu_uuids=[], image="i")
+    # A path docker -v would split on ':' is mounted with --mount (CSV-quoted when needed).
+    words = exec_argv(docker_run({}, model_dir="/a:b", served_name="m", gpu_uuids=[], image="i"))
+    assert "-v" not in words
+    assert words[words.index("--mount") + 1] == "type=bind,source=/a:b,target=/model,readonly"
+    words = exec_argv(docker_run({}, model_dir="/a:b,c", served_name="m", gpu_uuids=[], image="i"))
+    assert words[words.index("--mount") + 1] == '"source=/a:b,c"'.join(
+        ["type=bind,", ",target=/model,readonly"]
+    )
 
 
 def k8s(**kw: Any) -> tuple[str, list[dict[str, Any]]]:
