@@ -88,7 +88,8 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """The host CPU and memory. ``numa_memory`` is MemTotal per NUMA node (bytes)."""
+    """The host CPU and memory. ``numa_memory`` is MemTotal per NUMA node (bytes),
+    ``numa_free`` MemFree per NUMA node (bytes; empty where not known)."""
 
     model: str
     cores: int  # CPUs this process may run on (sched_getaffinity)
@@ -99,6 +100,7 @@ class CpuInfo:
     numa_node_of_first_cpu: int | None = None
     kernel: str = ""
     flags: frozenset[str] = field(default_factory=frozenset)
+    numa_free: tuple[int, ...] = ()
 
     @property
     def numa_nodes(self) -> int:
@@ -142,10 +144,19 @@ class HardwareProfile:
 
     @property
     def device_memory_free(self) -> int | None:
-        """Free memory at probe time: the least free GPU, or available host memory."""
+        """Free memory at probe time: the least free GPU; on a CPU target, of the memory
+        :attr:`device_memory_total` counts: the free memory of the NUMA node the budget comes
+        from (the host's available memory, which spans every node, would read more than that
+        node's total on a host of two nodes), else the host's available memory."""
         if self.device == "gpu":
             free = [g.memory_free for g in self.gpus]
             return None if any(f is None for f in free) else min(f for f in free if f is not None)
+        node = self.cpu.numa_node_of_first_cpu
+        if node is not None and 0 <= node < len(self.cpu.numa_memory):
+            if node < len(self.cpu.numa_free):
+                return self.cpu.numa_free[node]
+            # No per-node figure: at most the node's total.
+            return min(self.cpu.memory_available, self.cpu.numa_memory[node])
         return self.cpu.memory_available
 
     def to_csv_rows(self) -> list[dict[str, str]]:
@@ -168,8 +179,10 @@ class HardwareProfile:
             row.update(
                 device="cpu",
                 name=c.model,
+                # Both of the same memory: the NUMA node the engine budgets from (the host's
+                # total is host_memory_total_bytes).
                 memory_total_bytes=str(self.device_memory_total),
-                memory_free_bytes=str(c.memory_available),
+                memory_free_bytes=_na(self.device_memory_free),
             )
             return [row]
         rows = []
@@ -321,6 +334,21 @@ def _numa() -> tuple[tuple[int, ...], int | None]:
     return tuple(totals[i] for i in range(len(totals))), first_node
 
 
+def _numa_free(nodes: int) -> tuple[int, ...]:
+    """MemFree of NUMA nodes 0 to ``nodes`` - 1 (bytes); empty when one cannot be read."""
+    out = []
+    for i in range(nodes):
+        try:
+            text = Path(f"/sys/devices/system/node/node{i}/meminfo").read_text(errors="replace")
+        except OSError:
+            return ()
+        m = re.search(r"MemFree:\s+(\d+)\s*kB", text)
+        if m is None:
+            return ()
+        out.append(int(m[1]) * 1024)
+    return tuple(out)
+
+
 def probe_cpu() -> CpuInfo:
     """The host CPU; cheap (a few small files under /proc and /sys)."""
     model, flags = _cpuinfo()
@@ -337,6 +365,7 @@ def probe_cpu() -> CpuInfo:
         numa_node_of_first_cpu=first_node,
         kernel=platform.release(),
         flags=flags,
+        numa_free=_numa_free(len(numa_memory)),
     )
 
 

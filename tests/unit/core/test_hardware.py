@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from autotuner.core.hardware import (
     HardwareError,
     HardwareProfile,
     probe,
+    probe_cpu,
 )
 from autotuner.sla.spec import Target
 
@@ -267,3 +269,32 @@ def test_missing_nvml_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cpu_target_never_touches_nvml() -> None:
     nvml = FakeNvml([h200()], init_fails=True)
     assert probe(Target(), nvml=nvml).device == "cpu"
+
+
+def test_a_cpu_rows_free_memory_is_of_the_memory_its_total_counts() -> None:
+    # Two NUMA nodes: the budget (memory_total_bytes) is node 1's 31 GiB; the host has 60 GiB
+    # available over both nodes, which was written as memory_free_bytes (issue 29).
+    cpu = CpuInfo(
+        model="x",
+        cores=4,
+        logical_cpus=8,
+        memory_total=64 * GIB,
+        memory_available=60 * GIB,
+        numa_memory=(32 * GIB, 31 * GIB),
+        numa_node_of_first_cpu=1,
+        numa_free=(30 * GIB, 29 * GIB),
+    )
+    (row,) = HardwareProfile(device="cpu", cpu=cpu).to_csv_rows()
+    assert int(row["memory_total_bytes"]) == 31 * GIB
+    assert int(row["memory_free_bytes"]) == 29 * GIB
+    assert int(row["host_memory_total_bytes"]) == 64 * GIB
+    # Without the nodes' free figures, free is capped at the node's total.
+    older = dataclasses.replace(cpu, numa_free=())
+    (row,) = HardwareProfile(device="cpu", cpu=older).to_csv_rows()
+    assert int(row["memory_free_bytes"]) <= int(row["memory_total_bytes"])
+
+
+def test_the_probed_cpu_never_reads_more_free_than_total() -> None:
+    prof = HardwareProfile(device="cpu", cpu=probe_cpu())
+    (row,) = prof.to_csv_rows()
+    assert int(row["memory_free_bytes"]) <= int(row["memory_total_bytes"])
