@@ -61,6 +61,7 @@ from autotuner.records.manifest import (
     Verdicts,
 )
 from autotuner.records.trial import CapacityRecord, PromotionNote, StudyRecord, TrialRecord
+from autotuner.search import accounting
 from autotuner.search.capacity_compare import select_for_confirmation
 from autotuner.search.confirm import (
     NOTHING_MET,
@@ -80,7 +81,7 @@ from autotuner.search.confirm import (
 )
 from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.pareto import Candidate, pareto_front, rank
-from autotuner.search.study import feasible, fresh_from
+from autotuner.search.study import feasible, fresh_from, raced_out
 from autotuner.search.tiers import GateRun
 from autotuner.search.trial import TrialResult
 from autotuner.sla.load import load_unit, sla_load
@@ -580,7 +581,10 @@ def _decisions(study: optuna.Study) -> Decisions:
         r = TrialRecord.from_trial(t)
         params = r.params_or(t.params)
         if t.state == TrialState.PRUNED:
-            out["pruned"].append({"trial": t.number, "params": params, "reason": r.reason})
+            entry = {"trial": t.number, "params": params, "reason": r.reason}
+            if raced_out(t):  # launched, and ended at the incumbent's capacity
+                entry |= {"race_level": r.race_level, "race_incumbent": r.race_incumbent}
+            out["pruned"].append(entry)
         elif t.state == TrialState.FAIL and r.interrupted:
             out["interrupted"].append({"trial": t.number, "params": params})
         elif t.state == TrialState.FAIL:
@@ -659,6 +663,7 @@ def _manifest(
         pareto_front=[c.trial for c in ranked],
         provenance=_provenance(ctx),
         decisions=_decisions(ctx.study),
+        gpu_minutes=accounting.account(ctx.study, ctx.study_dir, [r.run_dir for r in reps]),
     )
 
 

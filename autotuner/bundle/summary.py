@@ -20,8 +20,9 @@ from autotuner.engines.layout import devices_used
 from autotuner.records.manifest import DecisionRecord, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import placement
+from autotuner.search.accounting import account
 from autotuner.search.progress import defaults_line
-from autotuner.search.study import feasible
+from autotuner.search.study import feasible, raced_out
 
 
 def _status(t: FrozenTrial, r: TrialRecord) -> str:
@@ -30,7 +31,7 @@ def _status(t: FrozenTrial, r: TrialRecord) -> str:
     if t.state == TrialState.COMPLETE:
         return "meets SLA" if feasible(t) else "misses SLA"
     if t.state == TrialState.PRUNED:
-        return "pruned"
+        return "pruned (raced)" if raced_out(t) else "pruned"
     if t.state == TrialState.FAIL:
         if r.interrupted:
             return "interrupted"
@@ -84,7 +85,7 @@ def render(study: optuna.Study, study_dir: Path) -> str:
         per_gpu = None if cap is None else cap / devices_used(r.params_or(t.params))
         lines.append(
             f"{t.number:>3}  {r.role or '-':<9} {_status(t, r):<18} "
-            f"{_num(cap):>8} {_bracket(r):>13} {_num(per_gpu):>8} {_num(m.get('goodput')):>8} "
+            f"{_num(cap):>8} {_bracket(t, r):>13} {_num(per_gpu):>8} {_num(m.get('goodput')):>8} "
             f"{_num(m.get(ttft), 0):>9} {_num(m.get(tpot), 1):>9}  {note}"
         )
     lines.append(
@@ -94,6 +95,12 @@ def render(study: optuna.Study, study_dir: Path) -> str:
     )
     if said := defaults_line(study, _resolution(study_dir)):
         lines.append(f"search: {said}")
+    if raced := sum(raced_out(t) for t, _ in trials):
+        lines.append(
+            f"racing: {raced} candidate(s) missed the SLA at the incumbent's capacity and were "
+            "pruned after that level (no capacity, only the level)"
+        )
+    lines.append(f"cost: {_gpu_line(study, study_dir)}")
     lines += cache_lines(((t.number, r) for t, r in trials), study_dir)
     lines += conditions
     if busy:
@@ -153,6 +160,20 @@ def _pct(metric: str) -> str:
     return metric.split("_", 1)[0]
 
 
+def _gpu_line(study: optuna.Study, study_dir: Path) -> str:
+    """GPU-minutes to the decision from the manifest; before one, the search's so far."""
+    for name in ("promoted/optimization_manifest.json", "no_promotion.json"):
+        path = study_dir / name
+        if path.exists():
+            try:
+                spent = Manifest.read(path).gpu_minutes
+            except (OSError, AutotunerError, ValueError):
+                spent = None
+            if spent is not None:
+                return spent.describe()
+    return account(study, study_dir).describe().replace("to the decision", "so far (search)")
+
+
 def _resolution(study_dir: Path) -> float:
     """The study's ``tune.capacity_resolution`` from its ``sla.yaml`` (3 % without one)."""
     try:
@@ -163,8 +184,11 @@ def _resolution(study_dir: Path) -> float:
         return 0.03
 
 
-def _bracket(r: TrialRecord) -> str:
-    """The capacity's bracket, ``low-high`` (``>=low`` when nothing above it missed)."""
+def _bracket(t: FrozenTrial, r: TrialRecord) -> str:
+    """The capacity's bracket, ``low-high`` (``>=low`` when nothing above it missed); for a
+    candidate raced out, the level it missed (the incumbent's capacity): ``missed 4.2``."""
+    if raced_out(t) and r.race_level is not None:
+        return f"missed {r.race_level:.3g}"
     cap = r.capacity
     if cap is None or cap.stopped_by == "legacy":
         return "-"

@@ -36,7 +36,7 @@ from autotuner.measure.kernels import KernelBreakdown
 from autotuner.measure.levels import resolution_notes
 from autotuner.measure.quality import GateResult
 from autotuner.models.folder import read_config
-from autotuner.records.manifest import Manifest
+from autotuner.records.manifest import GpuAccount, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import rerun, rules
 from autotuner.search.capacity_compare import two_pair_warning
@@ -315,7 +315,10 @@ def _tune(
             reasons.append(over)
         return "; ".join(reasons) if reasons else memory.near_crash(params)
 
-    def run(params: Mapping[str, ParamValue], trial_dir: Path) -> TrialResult:
+    def run(
+        params: Mapping[str, ParamValue], trial_dir: Path, /, *, start_load: float | None = None
+    ) -> TrialResult:
+        # start_load: a candidate raced against the incumbent starts at its capacity.
         return run_trial(
             params,
             sla,
@@ -323,7 +326,11 @@ def _tune(
             model_dir=model_dir,
             run_dir=trial_dir,
             cuda_devices=cuda,
-            settings=settings,
+            settings=(
+                settings
+                if start_load is None
+                else dataclasses.replace(settings, start_load=start_load)
+            ),
             say=_say,
         )
 
@@ -367,6 +374,7 @@ def _tune(
         executor=remote,
         plan=plan,
         stopper=stopper,
+        race=grid is None,  # a grid measures every point whole; capacity-first SLAs only
     )
     started = time.monotonic()
     try:
@@ -431,7 +439,10 @@ def _tune(
 
         ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
         profiling = profile_run if kernel_profile.enabled(sla) else None
-        return promote(ctx, confirm_run, _say, profiling, gate=gate_run)
+        manifest = promote(ctx, confirm_run, _say, profiling, gate=gate_run)
+        if (spent := manifest.get("gpu_minutes")) is not None:
+            _say(GpuAccount.model_validate(spent).describe())
+        return manifest
     except KeyboardInterrupt:
         release_own(study, _say)  # so a resume on any machine measures them again
         raise

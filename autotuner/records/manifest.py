@@ -189,6 +189,32 @@ class Provenance(_Part):
     study: StudySource | None = None
 
 
+class GpuAccount(_Part):
+    """GPU-minutes spent to the decision (devices x wall minutes of every launch): the
+    search's launches (raced-out ones included) and the confirmation replicates, by phase
+    (engine_start, warmup, levels, stop). Launches recorded before the accounting (no
+    ``gpu_seconds``) are counted in ``launches`` and ``untimed``, not in the minutes."""
+
+    search: float = 0.0
+    confirmation: float = 0.0
+    total: float = 0.0
+    by_phase: dict[str, float] = Field(default_factory=dict)
+    launches: int = 0
+    untimed: int = 0
+
+    def describe(self) -> str:
+        """``12.4 GPU-minutes to the decision (search 8.1, confirmation 4.3; engine start
+        5.0, warm-up 0.4, levels 6.8, stop 0.2) over 9 launches``."""
+        names = {"engine_start": "engine start", "warmup": "warm-up"}
+        phases = ", ".join(f"{names.get(k, k)} {v:.1f}" for k, v in self.by_phase.items())
+        untimed = f", {self.untimed} of them not timed" if self.untimed else ""
+        return (
+            f"{self.total:.1f} GPU-minutes to the decision (search {self.search:.1f}, "
+            f"confirmation {self.confirmation:.1f}; {phases or 'no phase timed'}) over "
+            f"{self.launches} launches{untimed}"
+        )
+
+
 class Decisions(_Part):
     """What happened to the trials that were not promoted, by kind (free-form entries)."""
 
@@ -221,6 +247,7 @@ class Manifest(Record):
     provenance: Provenance | None = None
     decisions: Decisions | None = None
     lossy_tier: LossyTier | None = None  # search.allow_lossy: both winners, gain and price
+    gpu_minutes: GpuAccount | None = None  # what the decision cost (None: an older manifest)
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 

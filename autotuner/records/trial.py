@@ -139,6 +139,13 @@ class TrialRecord(Record):
     # The trial's Optuna constraints (<= 0 met), repeated here because optuna-dashboard reads
     # only the pre-5.0 list form of Optuna's own (see :meth:`attrs`).
     constraints: dict[str, float] = Field(default_factory=dict)
+    # A candidate raced against the incumbent (search.study): the load of its first level
+    # (the incumbent's capacity, its bracket's low end) and the incumbent's trial number.
+    # A candidate that missed there is PRUNED, with no capacity: only this level.
+    race_level: float | None = None
+    race_incumbent: int | None = None
+    # Devices x wall seconds of the launch, by phase (TrialFile.gpu_seconds).
+    gpu_seconds: dict[str, float] = Field(default_factory=dict)
 
     @classmethod
     def from_trial(cls, trial: _Trial) -> TrialRecord:
@@ -250,6 +257,8 @@ class LevelRecord(BaseModel):
     rate_kept: float | None = None
     max_lag_s: float | None = None
     generator_behind: bool | None = None
+    # Wall seconds of the level's warm-up requests (its runs together); None in older files.
+    warmup_s: float | None = None
 
 
 class TrialFile(Record):
@@ -273,6 +282,10 @@ class TrialFile(Record):
     # Wall-clock span, executor, node, GPUs, log tail
     extra: dict[str, Any] = Field(default_factory=dict)
     capacity: CapacityRecord | None = None  # the launch's capacity search (version 2)
+    # Devices x wall seconds, by phase: ``engine_start`` (launch to healthy, a failed start
+    # included), ``warmup`` (the levels' warm-up requests), ``levels`` (measured load),
+    # ``stop`` (stopping the engine); empty in files written before it was recorded.
+    gpu_seconds: dict[str, float] = Field(default_factory=dict)
     # Derived from the above, written for readers of the file.
     feasible: bool = False
     max_load: float | None = None

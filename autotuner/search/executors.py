@@ -8,7 +8,7 @@ a Ray task that holds the GPUs its parallelism needs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -16,7 +16,14 @@ from autotuner.core.types import ParamValue
 from autotuner.engines.layout import devices_used
 from autotuner.search.trial import TrialResult
 
-RunTrial = Callable[[Mapping[str, ParamValue], Path], TrialResult]
+
+class RunTrial(Protocol):
+    """Runs one trial: ``(params, trial_dir)``, and with ``start_load`` (a candidate raced
+    against the incumbent) the first level at that load instead of the SLA's own."""
+
+    def __call__(
+        self, params: Mapping[str, ParamValue], trial_dir: Path, /, *, start_load: float = ...
+    ) -> TrialResult: ...
 
 
 class Executor(Protocol):
@@ -39,8 +46,11 @@ class Executor(Protocol):
     def capacity(self) -> int:
         """How many trials may be in flight at once now."""
 
-    def submit(self, params: dict[str, ParamValue], trial_dir: Path) -> Hashable:
-        """Start a trial (or queue it); its artifacts end up in ``trial_dir``."""
+    def submit(
+        self, params: dict[str, ParamValue], trial_dir: Path, *, start_load: float | None = None
+    ) -> Hashable:
+        """Start a trial (or queue it); its artifacts end up in ``trial_dir``. ``start_load``:
+        its first level's load (a candidate raced against the incumbent); None: the SLA's own."""
 
     def wait_any(self) -> list[tuple[Hashable, TrialResult]]:
         """Block until at least one submitted trial is settled; return those settled."""
@@ -55,19 +65,23 @@ class LocalExecutor:
 
     def __init__(self, run: RunTrial) -> None:
         self.run = run
-        self._queue: list[tuple[object, dict[str, ParamValue], Path]] = []
+        self._queue: list[tuple[object, dict[str, ParamValue], Path, float | None]] = []
 
     def capacity(self) -> int:
         return 1
 
-    def submit(self, params: dict[str, ParamValue], trial_dir: Path) -> Hashable:
+    def submit(
+        self, params: dict[str, ParamValue], trial_dir: Path, *, start_load: float | None = None
+    ) -> Hashable:
         handle = object()
-        self._queue.append((handle, params, trial_dir))
+        self._queue.append((handle, params, trial_dir, start_load))
         return handle
 
     def wait_any(self) -> list[tuple[Hashable, TrialResult]]:
-        handle, params, trial_dir = self._queue.pop(0)
-        return [(handle, self.run(params, trial_dir))]
+        handle, params, trial_dir, start = self._queue.pop(0)
+        if start is None:
+            return [(handle, self.run(params, trial_dir))]
+        return [(handle, self.run(params, trial_dir, start_load=start))]
 
     def close(self) -> None:
         self._queue.clear()

@@ -176,12 +176,15 @@ class RayExecutor:
         params: dict[str, ParamValue],
         trial_dir: Path,
         settings: SearchSettings | None = None,
+        *,
+        start_load: float | None = None,
     ) -> Hashable:
+        settings = settings or self.settings
+        if start_load is not None:  # a candidate raced against the incumbent
+            settings = dataclasses.replace(settings, start_load=start_load)
         gpus = gpus_needed(params) if self.gpu else 0
         ref = self._task.options(num_gpus=gpus, num_cpus=0 if self.gpu else self.cpus_per_trial)
-        handle = ref.remote(
-            self.sla, self.python, self.model_dir, params, settings or self.settings, self.gpu
-        )
+        handle = ref.remote(self.sla, self.python, self.model_dir, params, settings, self.gpu)
         self._pending[handle] = (params, trial_dir)
         return handle  # type: ignore[no-any-return]
 

@@ -7,6 +7,14 @@ the memory model and earlier launch crashes before anything is launched (pruned 
 reason otherwise); a config measured before is not launched again (its result is reused).
 Feasibility is stored as Optuna constraints (``trial.set_constraint``; feasible when every
 value is <= 0), one per SLA constraint, measured at the SLA's own load.
+
+Racing (``race=True``, a capacity-first study): a candidate's first level is the incumbent's
+capacity (the feasible launch with the highest capacity so far, at its bracket's low end, so
+that a candidate merely equal to it still meets). A miss there means it cannot beat the
+incumbent by more than the resolution: the launch ends after that level and the trial is
+PRUNED in Optuna, the level reported as its intermediate value (step 0) and kept with the
+reason as user attributes; it has no capacity, only that level, and never reaches the Pareto
+front. A meet climbs from there to the candidate's own capacity. The baseline is never raced.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
 from autotuner.search.lock import current_owner, owner_state
 from autotuner.search.storage import create_or_load
-from autotuner.search.trial import TrialResult
+from autotuner.search.trial import TrialResult, own_load
 from autotuner.sla.spec import Sla
 from autotuner.space import ParamValue as GridValue
 
@@ -298,7 +306,79 @@ def counted(t: FrozenTrial) -> bool:
     """Trials that spent the budget: a finished launch, or a launch that crashed."""
     if t.state == TrialState.COMPLETE:
         return not TrialRecord.from_trial(t).duplicate
+    if t.state == TrialState.PRUNED:  # raced out: launched, and ended at its first level
+        return raced_out(t)
     return t.state == TrialState.FAIL and not TrialRecord.from_trial(t).interrupted
+
+
+def raced_out(t: FrozenTrial) -> bool:
+    """A candidate pruned after its launch: it missed the SLA at the incumbent's capacity."""
+    if t.state != TrialState.PRUNED:
+        return False
+    r = TrialRecord.from_trial(t)
+    return r.race_level is not None and r.result_file is not None
+
+
+def race_start(study: optuna.Study, sla: Sla) -> tuple[float, int] | None:
+    """Where a candidate races the incumbent: ``(load, incumbent trial)``, the low end of the
+    bracket of the feasible launch with the highest capacity so far (since a re-tune began).
+    None when the first objective is not capacity, nothing met the SLA yet, or the incumbent's
+    capacity is the SLA's own load (where every launch starts anyway)."""
+    if not sla.objectives or sla.objectives[0].metric != "capacity":
+        return None
+    since = fresh_from(study)
+    best: tuple[float, float, int] | None = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.number < since or not feasible(t):
+            continue
+        cap = TrialRecord.from_trial(t).capacity
+        if cap is None or cap.low <= 0:
+            continue
+        if best is None or cap.value > best[0]:
+            best = (cap.value, cap.low, t.number)
+    if best is None or best[1] <= own_load(sla) * (1 + 1e-9):
+        return None
+    return best[1], best[2]
+
+
+def lost_race(result: TrialResult, level: float) -> bool:
+    """A raced launch that did not meet the SLA at its first level, ``level``."""
+    cap = result.found_capacity()
+    return cap is None or cap.low < level * (1 - 1e-9)
+
+
+def tell_raced_out(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: TrialResult,
+    rel_file: str,
+    race: tuple[float, int],
+    resolution: float,
+) -> TrialState:
+    """Prune a candidate that missed the SLA at the incumbent's capacity: the level as its
+    intermediate value (step 0) and, with the reason, as user attributes; no capacity."""
+    level, incumbent = race
+    unit = "req/s" if result.load_kind == "rate" else "concurrent requests"
+    why = f": {result.reason}" if result.reason else ""
+    reason = (
+        f"raced out: missed the SLA at the incumbent's capacity, {level:.3g} {unit} (trial "
+        f"{incumbent}), so it cannot beat it by more than the resolution ({resolution:.0%}); "
+        f"no capacity, only this level{why}"
+    )
+    TrialRecord(
+        result_file=rel_file,
+        status=result.status,
+        reason=reason,
+        race_level=level,
+        race_incumbent=incumbent,
+        gpu_seconds=result.gpu_seconds,
+    ).save(trial.set_user_attr)
+    if len(study.directions) == 1:
+        trial.report(level, 0)
+    else:  # Trial.report refuses multi-objective studies; the storage keeps it all the same
+        study._storage.set_trial_intermediate_value(trial._trial_id, 0, level)
+    study.tell(trial, state=TrialState.PRUNED)
+    return TrialState.PRUNED
 
 
 def fresh_from(study: optuna.Study) -> int:
@@ -338,6 +418,8 @@ def tell_result(
         capacity=result.found_capacity(),
         metrics={m: result.metric(m) for m in _summary_metrics(sla)},
     ).save(trial.set_user_attr)
+    if result.gpu_seconds:
+        TrialRecord(gpu_seconds=result.gpu_seconds).save(trial.set_user_attr)
     if result.reason:
         TrialRecord(reason=result.reason).save(trial.set_user_attr)
     if result.status == "failed":
@@ -398,6 +480,7 @@ class _Pending:
     baseline: bool
     trial_dir: Path
     started: float
+    race: tuple[float, int] | None = None  # (first level's load, incumbent trial): raced
 
 
 def _reason_kind(reason: str) -> str:
@@ -426,8 +509,11 @@ class StudyRunner:
         executor: Executor | None = None,
         plan: SearchPlan | None = None,
         stopper: StudyStopper | None = None,
+        race: bool = False,
     ) -> None:
         self.sla = sla
+        # Race candidates against the incumbent (module docstring); a capacity-first SLA only.
+        self.race = race
         self.study = study
         self.dir = study_dir
         self.suggest = suggest
@@ -526,7 +612,7 @@ class StudyRunner:
                     continue
                 skips = 0
                 self.skipped.clear()
-                in_flight[self.executor.submit(pending.params, pending.trial_dir)] = pending
+                in_flight[self._submit(pending)] = pending
             if not in_flight:
                 break
             for handle, result in self.executor.wait_any():
@@ -539,11 +625,32 @@ class StudyRunner:
         pending = self.prepare()
         if pending is None:
             return False
-        handle = self.executor.submit(pending.params, pending.trial_dir)
+        handle = self._submit(pending)
         for h, result in self.executor.wait_any():
             assert h == handle
             self.finish(pending, result)
         return True
+
+    def _submit(self, pending: _Pending) -> Hashable:
+        if pending.race is None:
+            return self.executor.submit(pending.params, pending.trial_dir)
+        return self.executor.submit(pending.params, pending.trial_dir, start_load=pending.race[0])
+
+    def _raced_before(self, key: str, level: float) -> FrozenTrial | None:
+        """A launch of the same config that lost a race at ``level`` or below: it would lose
+        again (the incumbent's capacity only grows)."""
+        since = fresh_from(self.study)
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
+            r = TrialRecord.from_trial(t)
+            if (
+                t.number >= since
+                and raced_out(t)
+                and r.config_key == key
+                and r.race_level is not None
+                and r.race_level <= level * (1 + 1e-9)
+            ):
+                return t
+        return None
 
     def prepare(self) -> _Pending | None:
         """Ask one trial; settle it at once (reused, pruned) or return it to launch."""
@@ -583,6 +690,13 @@ class StudyRunner:
                 reason = self.plan.hopeless(self.study, suggested)
             if not reason and self.plan is not None and sampled:
                 reason = self.plan.out_of_reach(self.study, suggested)
+            race = race_start(self.study, self.sla) if self.race else None
+            if not reason and race is not None and (lost := self._raced_before(key, race[0])):
+                reason = (
+                    f"raced out before: trial {lost.number} missed the SLA at "
+                    f"{TrialRecord.from_trial(lost).race_level:.3g}, at most the incumbent's "
+                    f"capacity now ({race[0]:.3g}, trial {race[1]})"
+                )
             if reason:
                 TrialRecord(reason=reason).save(trial.set_user_attr)
                 self.study.tell(trial, state=TrialState.PRUNED)
@@ -596,11 +710,15 @@ class StudyRunner:
             role = f"baseline (engine defaults, {given})"
         if warm is not None:
             role += ", warm start"
+        race = None if baseline or not self.race else race_start(self.study, self.sla)
+        if race is not None:
+            role += f", raced at {race[0]:.3g} (trial {race[1]}'s capacity)"
+            TrialRecord(race_level=race[0], race_incumbent=race[1]).save(trial.set_user_attr)
         tuned = {k: v for k, v in params.items() if k not in self.fixed} or "engine defaults"
         where = "" if self.executor.name == "local" else f" [{self.executor.name}]"
         self.say(f"trial {trial.number} ({n_done}/{self.budget.trials}, {role}){where}: {tuned}")
         trial_dir = self.dir / f"trial-{trial.number:03d}"
-        return _Pending(trial, params, baseline, trial_dir, time.monotonic())
+        return _Pending(trial, params, baseline, trial_dir, time.monotonic(), race)
 
     def _baseline_running(self, trial: optuna.Trial) -> bool:
         return any(
@@ -635,6 +753,16 @@ class StudyRunner:
         """Tell the study what a launch measured."""
         self.launch_times.append(time.monotonic() - pending.started)
         rel = str((pending.trial_dir / "trial.json").relative_to(self.dir))
+        race = pending.race
+        if race is not None and result.status != "failed" and lost_race(result, race[0]):
+            tell_raced_out(
+                self.study, pending.trial, result, rel, race, self.sla.tune.capacity_resolution
+            )
+            self.say(
+                f"  -> raced out: missed the SLA at {race[0]:.3g}, trial {race[1]}'s capacity: "
+                f"pruned after {len(result.levels)} level(s) ({result.duration_s:.0f} s)"
+            )
+            return
         state = tell_result(self.study, pending.trial, result, self.sla, rel)
         if pending.baseline and self.plan is not None:
             self.plan.observe_baseline(result)

@@ -2,7 +2,10 @@
 
 Engine start-up (40-130 s) dwarfs a load run, so a launch measures several load levels: the
 capacity search of :mod:`autotuner.measure.capacity`. The first level is the SLA's own
-workload; a config that misses the SLA there is infeasible and is stopped after that level.
+workload; a config that misses the SLA there is infeasible and is stopped after that level. A
+candidate raced against the incumbent (:mod:`autotuner.search.study`) starts instead at
+``SearchSettings.start_load``, the incumbent's capacity, and is stopped after that level if it
+misses there.
 Otherwise the load grows by ``tune.rate_step`` until a level misses, then the bracket between
 the highest level that met the SLA and the lowest that did not is refined (interpolating the
 two levels' SLA margins) until it is within ``tune.capacity_resolution`` or ``tune.max_levels``
@@ -23,6 +26,9 @@ An engine that exits while a level runs has crashed: the trial is ``failed`` wit
 ``crashed`` (:data:`CRASHED`), the levels measured before are kept for the record, and the
 crashed level is neither a miss nor a level of the capacity search: a crashed launch has no
 capacity.
+
+Every launch records what it cost, devices x wall seconds by phase (``gpu_seconds``): engine
+start, the levels' warm-up requests, the measured levels, and stopping the engine.
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ class Level:
     rate_kept: float | None = None
     max_lag_s: float | None = None
     generator_behind: bool | None = None
+    warmup_s: float | None = None  # wall seconds of this run's warm-up requests
 
     def sustain_note(self) -> str | None:
         """``not sustained: served 8.1 of 17.1 req/s sent`` when the engine fell behind."""
@@ -150,6 +157,9 @@ class TrialResult:
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     capacity: CapacityRecord | None = None  # None: a failed launch, or an older record
+    # Devices x wall seconds by phase (engine_start, warmup, levels, stop): what the launch
+    # cost (:func:`gpu_seconds`); empty for a result that was not timed (a test's stand-in).
+    gpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def feasible(self) -> bool:
@@ -214,6 +224,7 @@ class TrialResult:
             duration_s=r.duration_s,
             extra=dict(r.extra),
             capacity=r.capacity,
+            gpu_seconds=dict(r.gpu_seconds),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +252,12 @@ def _arrival(base: Arrival, load: float) -> Arrival:
 def _own_load(base: Arrival) -> float:
     """The SLA's own load: its arrival rate, or its concurrency."""
     return float(base.rate) if base.open_loop and base.rate else float(base.concurrency or 1)
+
+
+def own_load(sla: Sla) -> float:
+    """The SLA's own load (arrival rate, concurrency, or a trace's speed): the first level of
+    a launch that is not raced."""
+    return _own_load(arrival_of(sla))
 
 
 def capacity_search(settings: SearchSettings, own: float, open_loop: bool) -> CapacitySearch:
@@ -360,6 +377,7 @@ async def _measure_levels(
         plan = build_plan(sla, model_dir, _arrival(base, load), level=i, requests=size.requests)
         monitor = Monitor(endpoint.urls, engine.processes, gpus, metrics=metrics)
         result = await run_load(endpoint.urls, endpoint.model, plan, around=monitor)
+        warm = result.warmup_s
         if (warmed := result.warmup) is not None:
             say(f"    warm-up: {describe_warmup(warmed)}")
         result = LoadResult(
@@ -403,6 +421,7 @@ async def _measure_levels(
                 max_lag_s=pace.max_lag_s if pace else None,
                 generator_behind=pace.behind if pace else None,
                 warmup=warmed,
+                warmup_s=warm,
             )
         )
         goodput = ev.metrics.get("goodput")
@@ -456,10 +475,15 @@ def run_trial(
     started = time.monotonic()
     started_at = time.time()
     engine_gpus: dict[str, int] = {}
+    clock: dict[str, float] = {}  # wall seconds by phase (warm-up: from the levels)
 
     async def go() -> TrialResult:
         try:
-            endpoint = await launch_saying(engine, say, indent="    ")
+            t0 = time.monotonic()
+            try:
+                endpoint = await launch_saying(engine, say, indent="    ")
+            finally:
+                clock["engine_start"] = time.monotonic() - t0
         except EngineLaunchError as exc:
             return TrialResult(
                 dict(params),
@@ -473,6 +497,7 @@ def run_trial(
             )
         say(f"    engine healthy after {endpoint.startup_s:.0f} s")
         levels: list[Level] = []
+        t0 = time.monotonic()
         try:
             capacity = await _measure_levels(
                 sla,
@@ -489,7 +514,10 @@ def run_trial(
         except _Crashed as crash:
             return _crashed(crash, levels, endpoint)
         finally:
+            t1 = time.monotonic()
+            clock["levels"] = t1 - t0
             await engine.stop()
+            clock["stop"] = time.monotonic() - t1
         best = _best_level(levels, capacity)
         reason = None if best is not None else capacity.note
         return TrialResult(
@@ -546,11 +574,37 @@ def run_trial(
     extra = {**result.extra, "started_at": started_at, "ended_at": time.time(), "host": host}
     if engine_gpus:
         extra["engine_gpus"] = engine_gpus
+    spent = gpu_seconds(devices_used(params), clock, result.levels)
     result = TrialResult(
-        **{**result.__dict__, "duration_s": time.monotonic() - started, "extra": extra}
+        **{
+            **result.__dict__,
+            "duration_s": time.monotonic() - started,
+            "extra": extra,
+            "gpu_seconds": spent,
+        }
     )
     result.write(run_dir / "trial.json")
     return result
+
+
+def gpu_seconds(
+    devices: int, clock: Mapping[str, float], levels: tuple[Level, ...]
+) -> dict[str, float]:
+    """Devices x wall seconds of one launch by phase: ``engine_start`` (to healthy, or to a
+    failed start), ``warmup`` (the levels' warm-up requests), ``levels`` (the rest of the
+    measured load), ``stop``. A phase the launch never reached is left out."""
+    warm = sum(lv.warmup_s or 0.0 for lv in levels)
+    wall = dict(clock)
+    if "levels" in wall:
+        wall["warmup"] = min(warm, wall["levels"])
+        wall["levels"] -= wall["warmup"]
+    order = ("engine_start", "warmup", "levels", "stop")
+    return {k: round(devices * wall[k], 3) for k in order if k in wall}
+
+
+def gpu_minutes(phases: Mapping[str, float]) -> float:
+    """A launch's GPU-minutes: its GPU-seconds over every phase."""
+    return sum(phases.values()) / 60.0
 
 
 def _best_level(levels: list[Level], capacity: CapacityRecord) -> int | None:

@@ -1,0 +1,132 @@
+"""Racing on the real CPU vLLM: a capacity-first study of the engine defaults and one clearly
+worse candidate (``max_num_seqs`` 1: one request at a time, 256 tokens each, where the
+defaults batch them). The candidate's launch starts at the incumbent's capacity, misses the SLA
+there and ends after that level: PRUNED in the study's Optuna data, with the level as its
+intermediate value and the reason, and shown so by `autotuner report`. Both launches record
+their GPU-seconds by phase. The study loop and the launches are the ones `tune` runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autotuner.core.paths import atomic_write_text
+from autotuner.engines import registry
+from autotuner.records.trial import TrialFile, TrialRecord
+from autotuner.search.study import (
+    Budget,
+    StudyRunner,
+    make_sampler,
+    open_study,
+    raced_out,
+    storage_url,
+)
+from autotuner.search.trial import SearchSettings, TrialResult, run_trial
+from autotuner.sla.spec import parse_sla, to_yaml
+
+from .conftest import cpu_sla, run_cli
+
+pytestmark = pytest.mark.slow
+
+NAME = "it-race"
+
+
+def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
+    cli_env: dict[str, str], vllm_python: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    workload = {
+        "input_tokens": 32,
+        "output_tokens": 256,
+        "arrival": {"process": "poisson", "rate": 0.5},
+        "requests": 10,
+        "seed": 4,
+    }
+    data = cpu_sla(
+        NAME,
+        workload,
+        constraints={"p50_ttft_ms": 5000},
+        objectives=[{"maximize": "capacity"}],
+        tune={"max_levels": 3, "rate_step": 2.0},
+    )
+    sla = parse_sla(yaml.safe_dump(data, sort_keys=False))
+    study_dir = tmp_path / "trials" / NAME
+    adapter = registry.get("vllm")
+    study = open_study(
+        sla,
+        storage_url(study_dir, None),
+        make_sampler("random", 2, 1, 0),
+        {"engine": "vllm-cpu", "space": "max_num_seqs"},
+    )
+    atomic_write_text(study_dir / "sla.yaml", to_yaml(sla))
+    said: list[str] = []
+
+    def run(
+        params: dict[str, object], trial_dir: Path, /, *, start_load: float | None = None
+    ) -> TrialResult:
+        settings = SearchSettings(max_levels=3, step=2.0, start_load=start_load)
+        return run_trial(
+            params,  # type: ignore[arg-type]
+            sla,
+            python=vllm_python,
+            model_dir=tiny_model,
+            run_dir=trial_dir,
+            cuda_devices=None,
+            settings=settings,
+            say=said.append,
+            # the engine's adapter, where run_trial takes it (resolved once per study)
+            **(
+                {"adapter": adapter} if "adapter" in inspect.signature(run_trial).parameters else {}
+            ),
+        )
+
+    runner = StudyRunner(
+        sla,
+        study,
+        study_dir,
+        suggest=lambda t: {"max_num_seqs": t.suggest_int("max_num_seqs", 1, 256)},
+        fixed=dict(sla.engine.params),
+        prune=lambda p: None,
+        run=run,
+        budget=Budget(2),
+        say=said.append,
+        race=True,
+    )
+    assert runner.step(), said  # the baseline: its full search from 0.5 req/s
+    base = study.get_trials(deepcopy=False)[0]
+    cap = TrialRecord.from_trial(base).capacity
+    assert base.state == TrialState.COMPLETE and cap is not None, said
+    assert cap.low >= 1.0, f"the defaults held only {cap.describe()}: nothing to race at\n{said}"
+    study.enqueue_trial({"max_num_seqs": 1})
+    assert runner.step(), said
+    worse = study.get_trials(deepcopy=False)[1]
+
+    # The study's Optuna data (what optuna-dashboard reads): pruned at the incumbent's capacity.
+    stored = optuna.load_study(study_name=NAME, storage=storage_url(study_dir, None))
+    t = stored.trials[1]
+    assert t.state == TrialState.PRUNED, "\n".join(said)
+    assert t.intermediate_values == {0: cap.low}
+    assert t.user_attrs["race_level"] == cap.low and t.user_attrs["race_incumbent"] == 0
+    assert str(t.user_attrs["reason"]).startswith("raced out: missed the SLA at the incumbent")
+    assert raced_out(worse)
+    trial_file = TrialFile.read(study_dir / "trial-001" / "trial.json")
+    assert [lv.load for lv in trial_file.levels] == [cap.low]  # one level, at the incumbent's
+
+    # `autotuner report`: pruned (raced), at that level, with the reason; the cost in GPU-minutes.
+    out = run_cli(["report", str(study_dir)], cli_env)
+    assert out.returncode == 0, out.stderr
+    row = next(x for x in out.stdout.splitlines() if x.lstrip().startswith("1  "))
+    assert "pruned (raced)" in row and f"missed {cap.low:.3g}" in row, out.stdout
+    assert "raced out" in row
+    assert "GPU-minutes so far (search)" in out.stdout and "over 2 launches" in out.stdout
+
+    for number in (0, 1):
+        spent = TrialFile.read(study_dir / f"trial-{number:03d}" / "trial.json").gpu_seconds
+        assert list(spent) == ["engine_start", "warmup", "levels", "stop"], json.dumps(spent)
+        assert spent["engine_start"] > 1 and spent["levels"] > 0
