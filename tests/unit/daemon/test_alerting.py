@@ -41,14 +41,22 @@ DOC = ROOT / "docs" / "daemon.md"
 TARGET = {"job": "autotuner", "instance": "d:8787"}  # what Prometheus adds to each series
 
 
+# What a skip says (README's Development section says the same): the README's test command
+# does not install system packages, .ci/run does.
+PROMTOOL_INSTALL = "sudo apt-get install -y --no-install-recommends prometheus"
+PROMTOOL_MISSING = (
+    "promtool is not installed, so the alert rules were NOT tested: install it with "
+    f"`{PROMTOOL_INSTALL}` (Debian and Ubuntu ship promtool in the prometheus package; "
+    "elsewhere put promtool from a Prometheus release on PATH), then run pytest again; "
+    ".ci/run installs it, and with CI=true these tests fail instead of skipping"
+)
+
+
 def _promtool() -> str:
     found = shutil.which("promtool")
     if found:
         return found
-    why = (
-        "promtool is not installed, so the alert rules were NOT tested: install it with "
-        "`apt-get install -y --no-install-recommends prometheus` (.ci/run does)"
-    )
+    why = PROMTOOL_MISSING
     if os.environ.get("CI") == "true":
         pytest.fail(why)
     pytest.skip(why)
@@ -337,3 +345,15 @@ def test_promtool_checks_the_rules_and_passes_every_case(tmp_path: Path) -> None
         timeout=120,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_without_promtool_the_skip_says_how_to_install_it_and_so_does_the_readme(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        _promtool()
+    assert PROMTOOL_INSTALL in str(skipped.value) and "run pytest again" in str(skipped.value)
+    development = (ROOT / "README.md").read_text().split("## Development", 1)[1]
+    assert "promtool" in development and PROMTOOL_INSTALL in development
