@@ -33,6 +33,9 @@ Methods, each over the same discrete grid (the exhaustive grid is every combinat
   candidates launched only within 2 steps of a config that met the SLA
   (:mod:`autotuner.search.nearby`), and the stopping rule (patience 4, resolution 3 %); it
   runs until it stops itself (or the budget).
+* ``race``: ``new`` with candidates raced against the incumbent (``StudyRunner(race=True)``,
+  what ``tune`` runs for a capacity-first SLA): a candidate's first level is the incumbent's
+  capacity, and one that misses there ends after that level, pruned.
 * ``ours``: plain TPE, the search before: the same loop without priors, warm start, hopeless
   values or stopping rule, with ``make_sampler("auto", ...)`` (multivariate TPE, constant liar)
   over a space from :func:`~autotuner.space.load_space` (GPU, 1 device, compute
@@ -54,6 +57,14 @@ own best-measured trial may be another one (promotion confirms the top candidate
 reason); for ``new`` the table also says how often its own best was near-best when it stopped.
 The plain methods are cut at the first near-best launch; ``new`` runs to its own end, and its
 share of missed launches is over all of them.
+
+Every launch runs the capacity search ``tune`` runs (:class:`CapacitySearch`: step 1.5,
+resolution 3 %, at most 8 levels; the SLAs' first objective is capacity) on a config that
+meets the SLA at every rate up to its measured capacity; its cost in GPU-minutes is an engine
+start (130 s for a run's first launch, on a cold machine, then 80 s: the measured H200 starts
+were 45-115 s with the compile caches warm, ../shared/device/README.md) plus 25 s per level (a
+launch with 4 levels took 150-200 s there). The table gives the GPU-minutes to the first
+near-best launch and, for ``new`` and ``race``, of all launches until the search stopped itself.
 
 Not modelled: ``rules.check`` pruning (no grid point breaks a rule) and the memory model.
 
@@ -77,7 +88,7 @@ import textwrap
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,7 +96,9 @@ from typing import Any, Protocol
 import numpy as np
 import optuna
 
-from autotuner.records.trial import TrialRecord
+from autotuner.measure.capacity import CapacitySearch
+from autotuner.measure.quantile import Outcome
+from autotuner.records.trial import CapacityRecord, TrialRecord
 from autotuner.search.priors import SearchPlan
 from autotuner.search.progress import StudyStopper, best_launch
 from autotuner.search.rules import CrashMemory
@@ -95,6 +108,7 @@ from autotuner.search.study import (
     StudyRunner,
     make_sampler,
     open_study,
+    raced_out,
     storage_url,
 )
 from autotuner.search.trial import Level, TrialResult
@@ -342,9 +356,12 @@ class Surface:
     def space(self) -> SearchSpace:
         return search_space(self)
 
-    def measure(self, p: Params, t: Truth, z: np.ndarray) -> TrialResult:
+    def measure(
+        self, p: Params, t: Truth, z: np.ndarray, start: float | None = None
+    ) -> TrialResult:
         """What a real trial would report: noisy latencies at the SLA's rate, noisy goodput,
-        and the means a load generator shows (served rate, mean TTFT and E2E)."""
+        and the means a load generator shows (served rate, mean TTFT and E2E). ``start``: the
+        first level's rate (a candidate raced against the incumbent)."""
         params = dict(p)
         if t.launch_error:
             return TrialResult(
@@ -369,7 +386,7 @@ class Surface:
             "mean_ttft_ms": mean_ttft,
             "mean_e2e_ms": mean_ttft + (d.output_tokens - 1) * tpot_mean * z[1],
         }
-        return _found(params, d.rate, ok, at_sla, margins, max(d.rate, t.goodput * z[2]))
+        return _found(params, d.rate, ok, at_sla, margins, max(d.rate, t.goodput * z[2]), start)
 
 
 def _found(
@@ -379,14 +396,44 @@ def _found(
     at_sla: dict[str, float | None],
     margins: dict[str, float | None],
     top: float,
+    start: float | None = None,
 ) -> TrialResult:
-    """A launch's result: the SLA's own level, then (when met) the highest rate it held."""
-    levels = [Level(rate, ok, at_sla, margins, {}, {}, "level-0.json")]
-    if ok:
-        levels.append(Level(top, True, {**at_sla, "goodput": top}, margins, {}, {}, ""))
-    best = len(levels) - 1 if ok else None
-    status = "complete" if ok else "stopped_early"
-    return TrialResult(params, status, "rate", tuple(levels), best, None if ok else "misses")
+    """A launch's result: the capacity search ``tune`` runs (:class:`CapacitySearch`, step
+    1.5, resolution 3 %, at most 8 levels) from the SLA's own rate, or from ``start`` (a
+    candidate raced against the incumbent), on a config that meets the SLA at every rate up to
+    ``top`` (its measured capacity) when it meets it at its own (``ok``), and at none when not.
+    Every level is one level of the launch's cost (:data:`LEVEL_S`)."""
+    search = CapacitySearch(
+        start or rate, resolution=RESOLUTION, max_levels=MAX_LEVELS, step=RATE_STEP
+    )
+    worst = max((m for m in margins.values() if m is not None), default=1.0)
+    levels: list[Level] = []
+    while (r := search.next_rate()) is not None:
+        meets = ok and r <= top * (1 + 1e-12)
+        margin = r / top - 1 if ok else max(worst, r / top - 1)
+        search.record(r, "meets" if meets else "misses", margin)
+        metrics = at_sla if not levels else {**at_sla, "goodput": r if meets else 0.5 * r}
+        name = f"level-{len(levels)}.json"
+        verdict: Outcome = "meets" if meets else "misses"
+        levels.append(Level(r, meets, metrics, margins, {}, {}, name, verdict=verdict))
+    cap = search.result()
+    record = CapacityRecord(
+        value=cap.value,
+        low=cap.low,
+        high=cap.high,
+        unit="req/s",
+        stopped_by=cap.stopped_by,
+        resolution=RESOLUTION,
+    )
+    best = None
+    for i, lv in enumerate(levels):
+        if lv.feasible and math.isclose(lv.load, cap.low):
+            best = i
+    if best is None:
+        return TrialResult(
+            params, "stopped_early", "rate", tuple(levels), None, "misses", capacity=record
+        )
+    return TrialResult(params, "complete", "rate", tuple(levels), best, capacity=record)
 
 
 def _surface(name: str, d: Deployment, allow_lossy: bool, doc: str) -> Surface:
@@ -396,7 +443,7 @@ def _surface(name: str, d: Deployment, allow_lossy: bool, doc: str) -> Surface:
         f"workload: {{input_tokens: {d.input_tokens}, output_tokens: {d.output_tokens}, "
         f"arrival: {{process: poisson, rate: {d.rate}}}, requests: 600}}\n"
         f"constraints: {{p99_ttft_ms: {d.ttft_ms}, p99_tpot_ms: {d.tpot_ms}}}\n"
-        "objectives: [{maximize: goodput}]\n"
+        "objectives: [{maximize: capacity}]\n"
     )
     return Surface(name, " ".join(doc.split()), d, allow_lossy, sla)
 
@@ -516,7 +563,9 @@ class Replayable(Protocol):
 
     def space(self) -> SearchSpace: ...
 
-    def measure(self, p: Params, t: Truth, z: np.ndarray) -> TrialResult: ...
+    def measure(
+        self, p: Params, t: Truth, z: np.ndarray, start: float | None = None
+    ) -> TrialResult: ...
 
 
 # --------------------------------------------------------------------------- measured surface
@@ -613,7 +662,7 @@ class RealSurface:
             "workload: {input_tokens: 1024, output_tokens: 256, "
             "arrival: {process: poisson, rate: 15}, requests: 300}\n"
             "constraints: {p99_ttft_ms: 300, p99_tpot_ms: 20, max_gpu_memory_gib: 130}\n"
-            "objectives: [{maximize: goodput}]\n"
+            "objectives: [{maximize: capacity}]\n"
         )
         return cls(name, doc, sla, records, order)
 
@@ -682,9 +731,11 @@ class RealSurface:
             overrides=overrides,
         )
 
-    def measure(self, p: Params, t: Truth, z: np.ndarray) -> TrialResult:
+    def measure(
+        self, p: Params, t: Truth, z: np.ndarray, start: float | None = None
+    ) -> TrialResult:
         """The recorded first level with noisy p99 latencies (memory as measured), then the
-        recorded SLA goodput with noise."""
+        capacity search up to the recorded SLA goodput (capacity) with noise."""
         m = self.record(p)
         ttft = m.level0["p99_ttft_ms"] * z[0]
         tpot = m.level0["p99_tpot_ms"] * z[1]
@@ -697,7 +748,7 @@ class RealSurface:
             "p99_ttft_ms": ttft,
             "p99_tpot_ms": tpot,
         }
-        return _found(dict(p), 15.0, ok, at_sla, margins, max(15.0, m.goodput * z[2]))
+        return _found(dict(p), 15.0, ok, at_sla, margins, max(15.0, m.goodput * z[2]), start)
 
 
 def _real() -> Replayable:
@@ -798,6 +849,9 @@ class Run:
     recognised: bool | None = None  # the search's own best at its end is near-best (new)
     stop: str = ""  # why the run ended (new)
     learned: int = 0  # candidates pruned because an earlier launch missed (new)
+    gpu_min: float = 0.0  # GPU-minutes of every launch until the run ended
+    gpu_min_near: float | None = None  # ... up to the first near-best launch (None: never)
+    raced_out: int = 0  # candidates pruned at the incumbent's capacity (race)
 
 
 class Bench:
@@ -811,6 +865,7 @@ class Bench:
         self.reached_at: int | None = None
         self.seen: dict[str, int] = {}
         self.missed: list[bool] = []  # per launch: failed, or missed the SLA at its own load
+        self.gpu_s: list[float] = []  # per launch: engine start + levels, GPU-seconds
 
     def launch(self, p: Params) -> Truth:
         self.launches += 1
@@ -822,22 +877,30 @@ class Bench:
 
     def stats(self) -> Run:
         window = self.missed[: self.reached_at] if self.reached_at else self.missed
+        near = sum(self.gpu_s[: self.reached_at]) / 60 if self.reached_at else None
         return Run(
             reached=self.reached_at,
             launches=self.launches,
             missed=sum(self.missed),
             missed_before=sum(window),
             window=len(window),
+            gpu_min=sum(self.gpu_s) / 60,
+            gpu_min_near=near,
         )
 
-    def measure(self, p: Params) -> TrialResult:
-        """What a real trial would report, with this run's seeded noise."""
+    def measure(self, p: Params, start: float | None = None) -> TrialResult:
+        """What a real trial would report, with this run's seeded noise; ``start``: its
+        first level's rate (raced). Its cost: an engine start (the first of a run cold) and
+        one :data:`LEVEL_S` per level, on one GPU."""
         t = self.launch(p)
         key = key_of(p)
         n = self.seen[key] = self.seen.get(key, 0) + 1
         rng = np.random.default_rng([self.seed, zlib.crc32(key.encode()), n])
         z = np.exp(self.noise * rng.standard_normal(3))
-        return self.problem.surface.measure(p, t, z)
+        result = self.problem.surface.measure(p, t, z, start)
+        boot = ENGINE_START_COLD_S if len(self.gpu_s) == 0 else ENGINE_START_S
+        self.gpu_s.append(boot + LEVEL_S * len(result.levels))
+        return result
 
 
 def search_space(surface: Surface) -> SearchSpace:
@@ -897,7 +960,14 @@ def grouped_tpe(budget: int, seed: int) -> optuna.samplers.BaseSampler:
 
 
 def run_ours(
-    problem: Problem, sampler: str, seed: int, budget: int, noise: float, *, new: bool = False
+    problem: Problem,
+    sampler: str,
+    seed: int,
+    budget: int,
+    noise: float,
+    *,
+    new: bool = False,
+    race: bool = False,
 ) -> Run:
     """The real study loop on ``problem``. ``new``: with the search as ``autotuner tune`` runs
     it now (priors, warm start, hopeless values, stopping rule), to its own end; otherwise the
@@ -925,8 +995,10 @@ def run_ours(
         defaults = {k: v for k, v in space.defaults.items() if v is not None}
         memory = CrashMemory(defaults={**defaults, **space.fixed})
 
-        def run(params: Params, trial_dir: Path) -> TrialResult:
-            return bench.measure(params)
+        def run(
+            params: Params, trial_dir: Path, /, *, start_load: float | None = None
+        ) -> TrialResult:
+            return bench.measure(params, start_load)
 
         stops: list[str] = []  # what the loop said besides its trials: why it stopped
         plan, stopper = None, None
@@ -947,6 +1019,7 @@ def run_ours(
             say=lambda line: None if line.startswith(("trial", " ")) else stops.append(line),
             plan=plan,
             stopper=stopper,
+            race=race,
         )
         if isinstance(runner, _UntilNearBest):
             runner.bench = bench
@@ -961,8 +1034,9 @@ def run_ours(
                 "which missed" in (TrialRecord.from_trial(t).reason or "")
                 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
             )
+            raced = sum(raced_out(t) for t in study.get_trials(deepcopy=False))
             run_stats = dataclasses.replace(
-                run_stats, recognised=recognised, stop=stop, learned=learned
+                run_stats, recognised=recognised, stop=stop, learned=learned, raced_out=raced
             )
     return run_stats
 
@@ -980,16 +1054,17 @@ def engine_defaults(surface: Replayable) -> dict[str, Any]:
 def run_order(problem: Problem, order: list[dict[str, Any]], budget: int) -> Run:
     bench = Bench(problem, 0, 0.0)
     for p in order[:budget]:
-        bench.launch(p)
+        bench.measure(p)  # noise-free: its levels, for its GPU-minutes
         if bench.reached_at is not None:
             break
     return bench.stats()
 
 
-METHODS = ("new", "ours", "grid", "random")
+METHODS = ("new", "race", "ours", "grid", "random")
 EXTRA_METHODS = ("ours-random", "ours-group")  # diagnostics, only when asked for with --methods
 LABELS = {
     "new": "new search (priors, warm start, hopeless, stopping)",
+    "race": "the new search racing candidates against the incumbent",
     "ours": "plain TPE (the search before)",
     "ours-random": "study loop, random sampler",
     "grid": "grid (auto_tune order)",
@@ -999,11 +1074,22 @@ LABELS = {
 PATIENCE = 4  # tune.patience's default
 RESOLUTION = 0.03  # tune.capacity_resolution's default
 WARM_STARTUP = 2  # TPE's random startup trials after a warm start (priors.sampler_startup)
+RATE_STEP = 1.5  # tune.rate_step's default
+MAX_LEVELS = 8  # tune.max_levels' default
+# A launch's cost, modelled from the measured H200 launches (vLLM 0.26.0, Llama-3.1-8B shape;
+# ../shared/device/README.md, docs/benchmarks/warmup.md): the engine starts in 130 s on a cold
+# machine (the first launch of a run) and in 45-115 s with the compile caches warm (80 s
+# here); a launch with 4 load levels took 150-200 s, so a level is about 25 s.
+ENGINE_START_COLD_S = 130.0
+ENGINE_START_S = 80.0
+LEVEL_S = 25.0
 
 
 def run_method(problem: Problem, method: str, seed: int, budget: int, noise: float) -> Run:
     if method == "new":
         return run_ours(problem, "auto", seed, budget, noise, new=True)
+    if method == "race":
+        return run_ours(problem, "auto", seed, budget, noise, new=True, race=True)
     if method == "ours":
         return run_ours(problem, "auto", seed, budget, noise)
     if method == "ours-group":
@@ -1131,17 +1217,23 @@ def main(argv: list[str] | None = None) -> int:
             )
             ends = nearest_rank([r.launches for r in runs], 0.5)
             recognised = [r.recognised for r in runs if r.recognised is not None]
+            gpu_near = [r.gpu_min_near for r in runs]
+            gpu_all = [r.gpu_min for r in runs]
+            gpu_med = _median_minutes(gpu_near)
             entry["methods"][method] = {
                 "trials": counts,
                 "median": med,
                 "p90": p90,
+                "gpu_minutes_to_near_best_median": gpu_med,
+                "gpu_minutes_median": _median_minutes(gpu_all),
                 "reached": reached,
                 "missed_share_before_near_best": before,
                 "runs": [dataclasses.asdict(r) for r in runs],
                 "wall_s": round(time.monotonic() - t0, 1),
             }
-            if method == "new":
+            if method in ("new", "race"):
                 entry["methods"][method] |= {
+                    "raced_out": sum(r.raced_out for r in runs),
                     "launches_median": ends,
                     "missed_share": whole,
                     "missed_share_after_defaults": own,
@@ -1151,7 +1243,7 @@ def main(argv: list[str] | None = None) -> int:
                 third = grid_launches / 3
                 ok_reach = p90 is not None and p90 <= third
                 checks.append(
-                    f"{name}: near-best by launch {_cell(med, args.budget)} (median) / "
+                    f"{name} ({method}): near-best by launch {_cell(med, args.budget)} (median) / "
                     f"{_cell(p90, args.budget)} (p90), a third of the grid is {third:.1f}: "
                     f"{'met' if ok_reach else 'NOT met'}; {whole:.0%} of its launches missed "
                     f"the SLA at the first level ({own:.0%} after the defaults): "
@@ -1159,8 +1251,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             shown = " ".join("-" if c is None else str(c) for c in counts)
             print(f"  {method:<12} {shown}   ({time.monotonic() - t0:.0f} s)")
-            if method == "new":
+            if method in ("new", "race"):
                 print(f"  {'':<12} stopped at " + " ".join(str(r.launches) for r in runs))
+                print(f"  {'':<12} GPU-minutes " + " ".join(f"{g:.0f}" for g in gpu_all))
+                if method == "race":
+                    print(f"  {'':<12} raced out " + " ".join(str(r.raced_out) for r in runs))
                 print(f"  {'':<12} pruned after a miss " + " ".join(str(r.learned) for r in runs))
             rows.append(
                 [
@@ -1170,9 +1265,13 @@ def main(argv: list[str] | None = None) -> int:
                     _cell(p90, args.budget),
                     f"{reached:.0%}",
                     f"{before:.0%}",
-                    str(ends) if method == "new" else "-",
-                    f"{whole:.0%} ({own:.0%})" if method == "new" else "-",
-                    f"{entry['methods'][method]['recognised']:.0%}" if method == "new" else "-",
+                    str(ends) if method in ("new", "race") else "-",
+                    f"{whole:.0%} ({own:.0%})" if method in ("new", "race") else "-",
+                    f"{entry['methods'][method]['recognised']:.0%}"
+                    if method in ("new", "race")
+                    else "-",
+                    _minutes(gpu_med),
+                    _minutes(_median_minutes(gpu_all)) if method in ("new", "race") else "-",
                 ]
             )
         report["surfaces"][name] = entry
@@ -1184,7 +1283,10 @@ def main(argv: list[str] | None = None) -> int:
         "of configs that fail or miss the SLA at its own load, up to the first near-best one; "
         "for the new search also its launches until it stopped itself and the share missed over "
         "all of them (in brackets: not counting the defaults, every study's first launch), and "
-        "how often its own best at the end was near-best"
+        "how often its own best at the end was near-best; GPU-minutes (median): up to the first "
+        "near-best launch, and for the new searches of all launches until they stopped (engine "
+        f"start {ENGINE_START_COLD_S:.0f} s cold, then {ENGINE_START_S:.0f} s, {LEVEL_S:.0f} s "
+        "per level)"
     )
     header = [
         "surface",
@@ -1196,6 +1298,8 @@ def main(argv: list[str] | None = None) -> int:
         "stopped at",
         "missed (all)",
         "own best near",
+        "GPU-min to near",
+        "GPU-min (all)",
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
@@ -1219,6 +1323,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cell(v: int | None, budget: int) -> str:
     return "never" if v is None else str(v)
+
+
+def _median_minutes(values: Sequence[float | None]) -> float | None:
+    """The median by nearest rank; None (never reached) sorts last."""
+    ranked = sorted(values, key=lambda v: math.inf if v is None else v)
+    v = ranked[max(0, math.ceil(0.5 * len(ranked)) - 1)]
+    return None if v is None else round(v, 1)
+
+
+def _minutes(v: float | None) -> str:
+    return "never" if v is None else f"{v:.1f}"
 
 
 if __name__ == "__main__":
