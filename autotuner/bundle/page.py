@@ -525,7 +525,12 @@ def _bundle_latency(bundle: Path, promoted: bool) -> Markup | None:
 
 
 def _latency(
-    study: optuna.Study, study_dir: Path, shown: int | None, name: str, promoted: bool
+    study: optuna.Study,
+    study_dir: Path,
+    shown: int | None,
+    name: str,
+    promoted: bool,
+    constraints: Sequence[Constraint] = (),
 ) -> Markup | None:
     """The latency breakdown of ``shown`` (the promoted trial, or the best launch) and the
     baseline, at the SLA's own load."""
@@ -541,7 +546,11 @@ def _latency(
                 profiles.append(prof)
     if not profiles:
         return None
-    doc = report.latency_breakdown_svg(profiles, title=f"{name}: latency at the SLA's load")
+    doc = report.latency_breakdown_svg(
+        profiles,
+        title=f"{name}: latency at the SLA's load",
+        limits=report.sla_limits([(c.metric, c.limit) for c in constraints if c.bound == "max"]),
+    )
     return Markup(_inline(doc))
 
 
@@ -921,7 +930,7 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
         confirmation=_confirmation(manifest, plan),
         pareto=_pareto(study, record.objectives, manifest, name),
         latency=_bundle_latency(bundle, promoted is not None)
-        or _latency(study, study_dir, shown, name, promoted is not None),
+        or _latency(study, study_dir, shown, name, promoted is not None, constraints),
         missing=missing,
         notes=notes,
         hardware=_hardware(manifest),

@@ -988,6 +988,9 @@ def write_bundle(
             [p for p in profiles if p is not None],
             title=f"{sla.name}: latency at the SLA's load",
             kernels=kernels,
+            limits=report.sla_limits(
+                [(c.metric, c.limit) for c in sla.constraints if c.bound == "max"]
+            ),
         )
     )
     if kernels:

@@ -527,11 +527,23 @@ def _percentile_key(name: str) -> tuple[float, str]:
     return (float(match[1]) if match else -1.0, name)
 
 
+def sla_limits(constraints: Sequence[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    """The latency limits among an SLA's (metric, limit) pairs, as the latency breakdown draws
+    them: ``[("p90_ttft_ms", 100.0)]`` -> ``{"ttft": {"p90": 100.0}}``; other metrics left out."""
+    out: dict[str, dict[str, float]] = {}
+    for metric, limit in constraints:
+        m = _LATENCY.match(metric)
+        if m is not None and math.isfinite(limit):
+            out.setdefault(m["m"], {})[m["kind"]] = float(limit)
+    return out
+
+
 def latency_breakdown_svg(
     profiles: Sequence[LatencyProfile],
     *,
     title: str | None = None,
     kernels: Sequence[tuple[str, KernelBreakdown]] = (),
+    limits: Mapping[str, Mapping[str, float]] | None = None,
 ) -> str:
     """Grouped horizontal bars of each latency's percentiles, a colour per profile.
 
@@ -539,7 +551,9 @@ def latency_breakdown_svg(
     they differ by orders of magnitude), a group per percentile, a bar per profile. Profiles
     with engine phase times get a panel of stacked bars: mean queue / prefill / decode
     time per request. ``kernels`` (label, profiled window) add a last panel: the share of
-    time per kernel class (:mod:`autotuner.bundle.kernel_chart`).
+    time per kernel class (:mod:`autotuner.bundle.kernel_chart`). ``limits`` (metric ->
+    percentile -> ms, :func:`sla_limits`): the SLA's limits, a dashed line each across their
+    metric's panel, labelled ``SLA p90 <= 100 ms``.
     """
     width = 780.0
     x0, x1 = 190.0, 650.0
@@ -570,8 +584,12 @@ def latency_breakdown_svg(
             for q in qs
             if (v := _finite(p.percentiles.get(metric, {}).get(q))) is not None
         ]
+        limited = {
+            q: v for q, v in (limits or {}).get(metric, {}).items() if _finite(v) is not None
+        }
+        values += list(limited.values())  # the axis reaches the limit
         body.append(_text(24, y + 14, _LATENCY_NAMES.get(metric, metric.upper()), weight="bold"))
-        y += 24
+        y += 24 + (14 if limited else 0)  # a row for the limits' labels
         group_h = len(profiles) * (bar_h + bar_gap) - bar_gap
         panel_top = y
         panel_h = len(qs) * (group_h + group_gap) - group_gap
@@ -596,6 +614,7 @@ def latency_breakdown_svg(
                 body.append(_text(x0 + w + 5, by + bar_h - 3, _ms(v), size=10))
             y += group_h + group_gap
         y = panel_top + panel_h
+        body += _limit_lines(metric, limited, scale, panel_top, y)
         body += _bar_axis(scale, y)
         y += 42
 
@@ -669,6 +688,37 @@ def latency_breakdown_svg(
         panel, y = kernel_panel(kernels, y)
         body += panel
     return _svg(width, y, body, heading)
+
+
+def _limit_lines(
+    metric: str, limited: Mapping[str, float], scale: _Scale, top: float, bottom: float
+) -> list[str]:
+    """A dashed line per SLA limit of ``metric`` across its panel, labelled just above it
+    (to the line's left where the label would run past the chart's right edge)."""
+    out = []
+    for q, limit in sorted(limited.items(), key=lambda kv: _percentile_key(kv[0])):
+        x = scale(limit)
+        label = f"SLA {q} <= {_ms(limit)}"
+        words = f"SLA limit: {q} {metric.upper()} <= {_ms(limit)}"
+        out.append(
+            f'<line class="sla-limit" data-metric="{escape(metric)}" '
+            f'data-percentile="{escape(q)}" data-limit="{limit:g}" '
+            f"{_attrs(x1=x, y1=top - 6, x2=x, y2=bottom + 4)} "
+            f'stroke="{_INK}" stroke-width="1.5" stroke-dasharray="5 3">'
+            f"<title>{escape(words)}</title></line>"
+        )
+        right = x + 4 + 6.0 * len(label) <= 770
+        out.append(
+            _text(
+                x + 4 if right else x - 4,
+                top - 9,
+                label,
+                anchor="start" if right else "end",
+                size=10,
+                cls="sla-limit-label",
+            )
+        )
+    return out
 
 
 def _ms(value: float | None) -> str:
