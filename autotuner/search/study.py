@@ -778,16 +778,22 @@ class StudyRunner:
         verdict = "meets the SLA" if result.feasible else f"infeasible: {result.reason}"
         cap = result.found_capacity()
         held = "-" if cap is None else cap.describe() if cap.low > 0 else f"0 {cap.unit}"
-        # The TTFT percentile the SLA limits (a p90 SLA reads its p90), else the p99.
-        ttft = next(
-            (c.metric for c in self.sla.constraints if c.metric.endswith("_ttft_ms")),
-            "p99_ttft_ms",
+        # The latencies at the percentiles the SLA limits (a p90 SLA reads its p90 TTFT and
+        # TPOT), else the p99 TTFT.
+        limited = [
+            c.metric
+            for c in self.sla.constraints
+            if c.metric.endswith("_ms")
+            and c.metric.split("_")[-2] in ("ttft", "tpot", "itl", "e2e")
+        ] or ["p99_ttft_ms"]
+        latencies = ", ".join(
+            f"{q} {kind.upper()} {_fmt(result.metric(m), ' ms')}"
+            for m in dict.fromkeys(limited)
+            for q, kind in [m.removesuffix("_ms").split("_", 1)]
         )
-        label = ttft.removesuffix("_ttft_ms").replace("mean", "mean ")
         self.say(
             f"  -> {verdict}; capacity {held}, goodput at capacity "
-            f"{_fmt(result.metric('goodput'), ' req/s')}, "
-            f"{label.strip()} TTFT {_fmt(result.metric(ttft), ' ms')} "
+            f"{_fmt(result.metric('goodput'), ' req/s')}, {latencies} "
             f"({result.duration_s:.0f} s)"
         )
         best = best_so_far(self.study)
