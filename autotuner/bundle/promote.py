@@ -1115,7 +1115,7 @@ def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
     ]
     layout = layout_of(ctx.sla, chosen.params)
     params = layout.engine_params(chosen.params)
-    header.append(f"layout: {layout.describe()}")
+    header.append(f"layout: {layout.describe('rank' if cpu else 'GPU')}")  # CPU: engine ranks
     # Each engine server's GPUs (one slice per replica); on a CPU target none.
     uuids = [g.uuid for g in ctx.hardware.gpus]
     slices = layout.slices(uuids) if uuids else [[] for _ in range(layout.replicas)]

@@ -164,9 +164,18 @@ def defaults_line(study: optuna.Study, resolution: float = 0.03) -> str | None:
         max(held) if held else None,
         len(launches),
         resolution=resolution,
-        unit=_capacity_unit(records) if has_capacity else _UNITS.get(metric, metric),
+        unit=_capacity_unit(records) if has_capacity else _unit(study, metric),
         resolved=max([resolution, *widths]),
     )
+
+
+def _unit(study: optuna.Study, metric: str) -> str:
+    """``metric``'s unit; capacity per GPU is per engine rank on a CPU target (no GPUs)."""
+    unit = _UNITS.get(metric, metric)
+    identity = StudyRecord.from_attrs(study.user_attrs, study.study_name).identity or {}
+    if str(identity.get("target", "")).startswith("cpu"):
+        unit = unit.replace("per GPU", "per engine rank")
+    return unit
 
 
 def _capacity_unit(records: list[tuple[Any, TrialRecord]]) -> str:
