@@ -83,7 +83,7 @@ from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.pareto import Candidate, pareto_front, rank
 from autotuner.search.study import feasible, fresh_from, raced_out
 from autotuner.search.tiers import GateRun
-from autotuner.search.trial import TrialResult
+from autotuner.search.trial import CRASHED, TrialResult
 from autotuner.sla.load import load_unit, sla_load
 from autotuner.sla.spec import Sla, to_yaml
 from autotuner.space import SearchSpace
@@ -329,7 +329,12 @@ def _replicates(
         elif got is not None:
             say(f"  -> capacity {got:.3g} {unit}")
         elif res.status == "failed":
-            say(f"  -> failed to launch ({res.cause}): left out of the comparison")
+            what = (
+                "the engine crashed while measured"
+                if res.cause == CRASHED
+                else f"failed to launch ({res.cause})"
+            )
+            say(f"  -> {what}: left out of the comparison")
         else:
             cap = res.found_capacity()
             note = cap.note if cap is not None else res.reason
