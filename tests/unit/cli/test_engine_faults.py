@@ -37,13 +37,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-def _sla(tmp_path: Path, python: Path | None, **tune: Any) -> str:
+def _sla(tmp_path: Path, python: Path | None, startup_s: float = 60, **tune: Any) -> str:
     """A small SLA on the stand-in: levels of 16 requests at 8 req/s and more, a grid over
     max_num_seqs 4 and 32 after the baseline (3 launches)."""
     data: dict[str, Any] = {
         "name": NAME,
         "model": {"synth": "tiny-llama"},
-        "engine": {"kind": "vllm", "startup_timeout_s": 60},
+        "engine": {"kind": "vllm", "startup_timeout_s": startup_s},
         "target": "cpu",
         "workload": {
             "input_tokens": 8,
@@ -82,21 +82,22 @@ def _trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
 # --------------------------------------------------------------------------- tune
 
 
-@pytest.mark.parametrize("fault", ["garbage", "exit0", "oom"])
+@pytest.mark.parametrize("fault", ["garbage", "exit0", "oom", "hang"])
 def test_tune_whose_every_launch_fails_to_start_is_an_engine_failure(
     tmp_path: Path, fault: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Was: "no measured config met the SLA", exit 1, outcome not_met (and the daemon's
     critical sla_infeasible), while bench on the same engine exits 3."""
     python = write_engine_python(tmp_path / "engine" / "python", fault=fault)
-    code, outcome = _tune(tmp_path, _sla(tmp_path, python))
+    startup_s = 3 if fault == "hang" else 60  # a hang lasts until the start time-out
+    code, outcome = _tune(tmp_path, _sla(tmp_path, python, startup_s))
     err = capsys.readouterr().err
     assert (code, outcome.status, outcome.exit_code) == (3, "error", 3)
     assert "the engine failed in every launch (3 of 3)" in err
     assert "no SLA verdict" in err and "baseline (" in err
     assert not (tmp_path / "trials" / NAME / "no_promotion.json").exists()
     # Run again: still no verdict, nothing launched (the budget is spent).
-    again, outcome = _tune(tmp_path, _sla(tmp_path, python))
+    again, outcome = _tune(tmp_path, _sla(tmp_path, python, startup_s))
     assert (again, outcome.status) == (3, "error")
     assert len(_trials(tmp_path)) == 3
 
@@ -126,7 +127,9 @@ def test_a_crash_in_the_middle_of_a_level_is_a_crash_not_a_miss_nor_a_capacity(
         fault_if="--max-num-seqs 32",
         die_after=20,
     )
-    code, _ = _tune(tmp_path, _sla(tmp_path, python))
+    # No warm-up to steady state: the crash comes after a count of requests, which the
+    # warm-up's would otherwise move into the first level.
+    code, _ = _tune(tmp_path, _sla(tmp_path, python, warmup={"max_requests": 0}))
     out = capsys.readouterr().out
     assert code == 0
     crashed = [t for t in _trials(tmp_path) if TrialRecord.from_trial(t).cause == CRASHED]
@@ -191,7 +194,14 @@ def test_a_retune_decides_on_what_it_measures_now_not_on_earlier_launches(
 
 @pytest.mark.parametrize(
     ("fault", "code", "status"),
-    [("none", 0, "met"), ("exit", 3, "error"), ("die-mid-level", 3, "error")],
+    [
+        ("none", 0, "met"),
+        ("exit", 3, "error"),
+        ("die-mid-level", 3, "error"),
+        # An engine that serves, but answers every request with an error, was measured: it
+        # misses the SLA (its goodput is 0), a verdict like any other.
+        ("http-500", 1, "not_met"),
+    ],
 )
 def test_bench_on_the_harness(
     tmp_path: Path, fault: str, code: int, status: str, capsys: pytest.CaptureFixture[str]
