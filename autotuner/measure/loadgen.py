@@ -452,7 +452,9 @@ async def warm_to_steady(
             first = len(windows) * rule.window
             windows.append(window_of([done[i] for i in range(first, first + rule.window)]))
         if not stop:
-            if run.sent >= rule.least and settled(windows, rule):
+            if windows and windows[-1].failed >= rule.window:
+                stop.append("failed")  # the engine is not serving: the level will say why
+            elif run.sent >= rule.least and settled(windows, rule):
                 stop.append("steady")
             elif run.sent >= rule.most:
                 stop.append("max_requests")

@@ -18,7 +18,8 @@ warm-up: near capacity random arrivals alone move a 50-request window's mean TPO
 30 % either way (10.6 to 21.5 ms at one rate on the H200, identically on a fresh and a warm
 engine), so a two-sided rule would rarely end before its bound; medians are used because one
 slow request moves a window's mean. A window whose requests all failed, or gave no latency,
-is not steady.
+is not steady; one whose requests all failed ends the warm-up (``failed``): the engine is not
+serving (it may have exited), and the first level will say what happened.
 
 The bound: at most ``max_requests`` (200) requests and ``max_s`` (60 s) of sending, from the
 SLA's ``tune.warmup``; then the measured level starts anyway, and the record says the bound
@@ -38,7 +39,7 @@ from typing import Any, Literal
 
 from autotuner.sla.spec import Sla
 
-StopReason = Literal["steady", "max_requests", "max_s", "floor"]
+StopReason = Literal["steady", "max_requests", "max_s", "failed"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,8 @@ def describe(data: dict[str, Any]) -> str:
     )
     if data.get("steady"):
         return f"{head}: steady"
+    if data.get("stopped_by") == "failed":
+        return f"{head}: not steady (a whole window of its requests failed)"
     bound = {"max_requests": "the request bound", "max_s": "the time bound"}.get(
         str(data.get("stopped_by")), str(data.get("stopped_by"))
     )

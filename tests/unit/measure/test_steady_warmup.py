@@ -180,3 +180,14 @@ def test_a_warmup_that_never_settles_stops_at_its_bound_and_says_so(
     assert warm is not None
     assert (warm["requests"], warm["steady"], warm["stopped_by"]) == (12, False, "max_requests")
     assert "not steady (the request bound ended it)" in describe(warm)
+
+
+def test_a_warmup_whose_requests_all_fail_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = StandinConfig(model="m", ttft_s=0.005, itl_s=0.003, fail_every=1)  # all HTTP 500
+    result = launch(tmp_path, monkeypatch, failing)
+    warm = result.levels[0].warmup
+    assert warm is not None and warm["stopped_by"] == "failed" and not warm["steady"]
+    assert warm["requests"] < 30 and warm["failed"] == warm["requests"]  # one window, not 200
+    assert "a whole window of its requests failed" in describe(warm)
