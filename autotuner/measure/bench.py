@@ -22,6 +22,7 @@ from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
 from autotuner.engines.layout import Layout, resolve_mode
+from autotuner.engines.process import launch_saying
 from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs, usable_cpus
 from autotuner.measure.conversations import synthetic_traffic
 from autotuner.measure.evaluate import Evaluation, evaluate
@@ -269,7 +270,7 @@ async def measure(
         say(plan.factory.replay.note())
     say(f"starting engine (log: {engine.log_path}) ...")
     try:
-        endpoint = await engine.launch()
+        endpoint = await launch_saying(engine, say)
         say(f"engine healthy after {endpoint.startup_s:.0f} s on {', '.join(endpoint.urls)}")
         say(
             f"load: {plan.arrival.describe()}, {plan.requests or ''} requests"
