@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.core import confined
-from autotuner.core.paths import atomic_write_text
+from autotuner.core.paths import atomic_write_text, models_dir
 from autotuner.daemon.store import SlaRow
 from autotuner.engines import envs
 from autotuner.records.base import RecordError
@@ -95,7 +95,9 @@ def job_env(base: Mapping[str, str], roots: Sequence[Path]) -> dict[str, str]:
     env = dict(base)
     env.pop(envs.ENV_PYTHON_VAR, None)  # jobs pick engines by name, never by override
     env["PYTHONUNBUFFERED"] = "1"
-    env[confined.ROOTS_VAR] = confined.env_value(roots)
+    # The tuner's own generated models (`model: {synth: ...}`) are read from its home, which
+    # no SLA names: nothing from outside is written there.
+    env[confined.ROOTS_VAR] = confined.env_value([*roots, models_dir()])
     return env
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from autotuner.cli.main import main
 from autotuner.core import confined
+from autotuner.core.paths import models_dir
 from autotuner.daemon import jobs
 from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.hostlocks import HostLocks
@@ -29,6 +30,7 @@ from autotuner.daemon.spool import SpoolTreeError
 from autotuner.daemon.tokens import TokenFileError
 from autotuner.engines import envs
 from autotuner.measure.launch import resolve_model
+from autotuner.models import synth
 from autotuner.sla.spec import parse_sla
 from autotuner.workload.datafiles import DataFileError
 from autotuner.workload.datasets import read_dataset
@@ -163,8 +165,24 @@ def test_a_link_placed_after_submission_is_not_followed_by_the_job(
 def test_job_env_confines_the_job_to_the_spool_and_allowed_paths(tmp_path: Path) -> None:
     roots = [tmp_path / "state" / "spool", tmp_path / "models"]
     env = jobs.job_env({"PATH": "/bin", envs.ENV_PYTHON_VAR: "/x/python"}, roots)
-    assert env[confined.ROOTS_VAR] == os.pathsep.join(str(r) for r in roots)
+    # the SLA's roots, then the tuner's own generated models
+    assert env[confined.ROOTS_VAR] == os.pathsep.join(str(r) for r in [*roots, models_dir()])
     assert envs.ENV_PYTHON_VAR not in env and env["PATH"] == "/bin"
+
+
+def test_a_confined_job_reads_the_tuners_own_generated_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a daemon job of `model: {synth: tiny-llama}` was refused its own model ("outside
+    the directories SLA files may be read from"), as the model lives in the tuner's home."""
+    monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
+    model = synth.synthesize("tiny-llama", synth.default_model_dir("tiny-llama"))
+    env = jobs.job_env({}, [tmp_path / "state" / "spool"])
+    monkeypatch.setenv(confined.ROOTS_VAR, env[confined.ROOTS_VAR])
+    assert confined.read_bytes(model / "config.json").startswith(b"{")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    with pytest.raises(confined.OutsideRoots):
+        confined.read_bytes(tmp_path / "elsewhere.json")
 
 
 def test_data_files_are_checked_on_what_was_opened(
