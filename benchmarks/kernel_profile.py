@@ -20,10 +20,10 @@ import yaml
 
 from autotuner.bundle.report import latency_breakdown_svg
 from autotuner.core.types import ParamValue
-from autotuner.engines import envs
-from autotuner.measure.bench import engine_params, resolve_model
+from autotuner.engines import envs, registry
 from autotuner.measure.kernel_profile import ProfileWindow, profile_config
 from autotuner.measure.kernels import ALL, CLASS_LABELS, CLASSES, breakdown_csv
+from autotuner.measure.launch import engine_params, resolve_model
 from autotuner.sla.spec import load_sla
 
 
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--python", type=Path, help="engine interpreter (default: the SLA's)")
     args = ap.parse_args()
     sla = load_sla(args.sla)
+    adapter = registry.get(sla.engine.kind)
     model_dir = resolve_model(sla, print)
     if args.python:
         python = args.python
@@ -48,12 +49,15 @@ def main() -> None:
         python, _ = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
     dist, version = envs.probe_version(python)
     overrides = dict(kv.split("=", 1) for kv in args.set)
-    params = engine_params(sla, model_dir, {k: _value(v) for k, v in overrides.items()})
+    params = engine_params(
+        sla, model_dir, {k: _value(v) for k, v in overrides.items()}, engine=adapter
+    )
     print(f"engine: {dist} {version}; params {params}")
     started = time.monotonic()
     b = profile_config(
         params,
         sla,
+        engine=adapter,
         python=python,
         version=version,
         model_dir=model_dir,

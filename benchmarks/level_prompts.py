@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotuner.engines import envs
+from autotuner.engines import envs, registry
 from autotuner.measure import bench
 from autotuner.models import synth
 from autotuner.search import trial
@@ -65,9 +65,9 @@ def _sla(args: argparse.Namespace, model_dir: Path) -> str:
     )
 
 
-def _repeat_plan(sla: Any, model_dir: Path, arrival: Any = None, level: int = 0) -> Any:
+def _repeat_plan(sla: Any, model_dir: Path, arrival: Any = None, level: int = 0, **kw: Any) -> Any:
     """The plan before the fix: level k > 0 without warm-up, but the first level's requests."""
-    plan = bench.build_plan(sla, model_dir, arrival)
+    plan = bench.build_plan(sla, model_dir, arrival, roles=kw["roles"])
     return dataclasses.replace(plan, warmup_requests=0) if level else plan
 
 
@@ -75,14 +75,16 @@ def measure(
     mode: str, args: argparse.Namespace, python: Path, model_dir: Path
 ) -> list[dict[str, Any]]:
     trial.build_plan = _repeat_plan if mode == "repeat" else bench.build_plan  # type: ignore
+    sla = parse_sla(_sla(args, model_dir))
     with tempfile.TemporaryDirectory() as tmp:
         result = run_trial(
             {},
-            parse_sla(_sla(args, model_dir)),
+            sla,
             python=python,
             model_dir=model_dir,
             run_dir=Path(tmp) / mode,
             cuda_devices=None,
+            adapter=registry.get(sla.engine.kind),
             settings=SearchSettings(max_levels=args.levels),
             say=lambda line: print(f"[{mode}] {line}", file=sys.stderr),
         )

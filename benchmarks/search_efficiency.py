@@ -96,6 +96,7 @@ from typing import Any, Protocol
 import numpy as np
 import optuna
 
+from autotuner.engines import registry
 from autotuner.measure.capacity import CapacitySearch
 from autotuner.measure.quantile import Outcome
 from autotuner.records.trial import CapacityRecord, TrialRecord
@@ -993,7 +994,8 @@ def run_ours(
             {"engine": f"vllm {VLLM_VERSION}", "space": space.hash()[:16]},
         )
         defaults = {k: v for k, v in space.defaults.items() if v is not None}
-        memory = CrashMemory(defaults={**defaults, **space.fixed})
+        traits = registry.get("vllm").crash_traits
+        memory = CrashMemory(defaults={**defaults, **space.fixed}, traits=traits)
 
         def run(
             params: Params, trial_dir: Path, /, *, start_load: float | None = None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from autotuner.bundle.report import Fallback, format_change
 from autotuner.core.types import ParamValue
+from autotuner.engines.base import OptionRoles
 from autotuner.engines.layout import devices_used
 from autotuner.search.capability import SettingTraits
 from autotuner.search.pareto import Candidate
@@ -60,9 +61,11 @@ def pick(
     base: Candidate | None,
     traits: SettingTraits,
     device: str,
+    *,
+    engine_roles: OptionRoles,
 ) -> list[Pick]:
     """The fallbacks of ``chosen`` in plan order (module docstring); ``front`` and
-    ``feasible`` ranked best first."""
+    ``feasible`` ranked best first; ``engine_roles`` name the layout's options (fewer GPUs)."""
     roles: dict[int, list[str]] = {}
     cands: dict[int, Candidate] = {}
 
@@ -93,8 +96,9 @@ def pick(
     if peak is not None:
         less = [c for c in others if _below(c.metrics.get("peak_memory_gib"), peak)]
         add(less[0] if less else None, "less memory")
-    gpus = devices_used(chosen.params)
-    add(next((c for c in others if devices_used(c.params) < gpus), None), "fewer GPUs")
+    gpus = devices_used(chosen.params, engine_roles)
+    fewer = (c for c in others if devices_used(c.params, engine_roles) < gpus)
+    add(next(fewer, None), "fewer GPUs")
     tuned = [c for c in others if not c.baseline]  # the baseline is listed anyway
     if tuned and tuned[0].trial not in roles:
         add(tuned[0], "next best")

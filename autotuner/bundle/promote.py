@@ -33,13 +33,12 @@ from autotuner import __version__
 from autotuner.bundle import fallback_roles, lossy_tier, report
 from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
-from autotuner.engines import registry
-from autotuner.engines.base import DeployRenderer
+from autotuner.engines.base import DeployRenderer, EngineAdapter, OptionRoles
 from autotuner.engines.deploy import dns_label
-from autotuner.engines.layout import CAPACITY_PER_GPU
-from autotuner.measure.bench import layout_of
+from autotuner.engines.layout import CAPACITY_PER_GPU, devices_used
 from autotuner.measure.kernel_profile import ProfileFailed
 from autotuner.measure.kernels import KernelBreakdown, breakdown_csv
+from autotuner.measure.launch import layout_of
 from autotuner.measure.levels import LOAD_INDEPENDENT
 from autotuner.records.manifest import (
     Confirmation,
@@ -122,6 +121,7 @@ class Context:
     engine_version: str
     engine_python: Path
     storage: str
+    engine: EngineAdapter  # the adapter of the engine kind the study tuned
 
 
 def label(t: FrozenTrial) -> str:
@@ -186,7 +186,8 @@ def confirm(
     claims["baseline"] = search_capacity(ctx, base.trial)
     # Capacity per GPU as the first objective: configs compare by it (a layout of more GPUs
     # must serve more than proportionally more to win).
-    scale = {name: per_gpu_scale(sla, c.params) for name, c in configs.items()}
+    roles = ctx.engine.roles
+    scale = {name: per_gpu_scale(sla, c.params, roles) for name, c in configs.items()}
     base_value = _scaled(_held(claims["baseline"], base), scale["baseline"])
     selection = select_for_confirmation(
         {
@@ -322,7 +323,8 @@ def _replicates(
             started = time.monotonic()
             res = run(configs[name].params, run_dir, around[name])
             took.append(time.monotonic() - started)
-        reps.append(_replicate(name, r, res, str(run_dir.relative_to(ctx.study_dir))))
+        at = str(run_dir.relative_to(ctx.study_dir))
+        reps.append(_replicate(name, r, res, at, ctx.engine.roles))
         got = reps[-1].capacity
         if reps[-1].missed:
             say(f"  -> missed the SLA at its own load (capacity 0): {reps[-1].note}")
@@ -353,7 +355,11 @@ def _eta(took: Sequence[float], plan: Sequence[object], i: int) -> str:
     return f"; {left} launch{'' if left == 1 else 'es'} left with this one, ETA {eta / 60:.0f} min"
 
 
-def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
+def _replicate(name: str, r: int, res: TrialResult, run_dir: str, roles: OptionRoles) -> Replicate:
+    """One confirmation replicate of ``res``; its capacity per GPU divides by the devices its
+    params lay out (``roles``: the engine's), also for results read back from older files."""
+    whole = res.metric("capacity")
+    per_gpu = None if whole is None else whole / devices_used(res.params, roles)
     cap = None if res.status == "failed" else res.found_capacity()
     if cap is not None and cap.low <= 0 and cap.stopped_by == "budget":
         # Stepped down from its claim without reaching the SLA's own load: its capacity is
@@ -379,7 +385,7 @@ def _replicate(name: str, r: int, res: TrialResult, run_dir: str) -> Replicate:
         feasible=res.feasible,
         metrics={
             **(level.metrics if level else {}),
-            CAPACITY_PER_GPU: None if cap is None else res.metric(CAPACITY_PER_GPU),
+            CAPACITY_PER_GPU: None if cap is None else per_gpu,
         },
         run_dir=run_dir,
         note=note,
@@ -621,7 +627,7 @@ def _model_hash(model_dir: Path) -> str:
 
 def _renderer(ctx: Context) -> DeployRenderer:
     """The deploy renderer of the engine kind the study tuned."""
-    return registry.get(ctx.sla.engine.kind).deploy
+    return ctx.engine.deploy
 
 
 def _serve_argv(ctx: Context, params: Mapping[str, Any]) -> list[str]:
@@ -893,7 +899,9 @@ def _fallbacks(
         [c for c in candidates(ctx.study) if c.feasible and not figures.rejected(c)], directions
     )
     traits = lossy_tier.traits(ctx)
-    picks = fallback_roles.pick(chosen, usable, feasible, base, traits, ctx.hardware.device)
+    picks = fallback_roles.pick(
+        chosen, usable, feasible, base, traits, ctx.hardware.device, engine_roles=ctx.engine.roles
+    )
     promoted = figures.metrics(chosen)
     out = []
     for i, fallback in enumerate(picks, 1):
@@ -920,6 +928,7 @@ def _fallbacks(
                     promoted_params=chosen.params,
                     promoted_metrics=promoted,
                     is_baseline=c.baseline,
+                    roles=ctx.engine.roles,
                     rate_margin=ctx.sla.tune.capacity_resolution,
                     rate_settled=both,
                     rate_basis=None if both else "single runs of the search, not confirmed",
@@ -1118,7 +1127,7 @@ def _write_deploy(ctx: Context, out: Path, chosen: Candidate) -> None:
         f"autotuner {__version__}: promoted config of study {ctx.sla.name}",
         f"engine {ctx.engine_version}",
     ]
-    layout = layout_of(ctx.sla, chosen.params)
+    layout = layout_of(ctx.sla, chosen.params, ctx.engine)
     params = layout.engine_params(chosen.params)
     header.append(f"layout: {layout.describe('rank' if cpu else 'GPU')}")  # CPU: engine ranks
     # Each engine server's GPUs (one slice per replica); on a CPU target none.

@@ -38,6 +38,7 @@ from autotuner.bundle.svg import line as _line
 from autotuner.bundle.svg import n as _n
 from autotuner.bundle.svg import scale as _scale
 from autotuner.bundle.svg import text as _text
+from autotuner.engines.base import OptionRoles
 from autotuner.engines.deploy import argv_lines, format_command
 
 if TYPE_CHECKING:
@@ -819,12 +820,6 @@ def fallback_plan_md(
 # ---------------------------------------------------------------------------------------------
 # Triggers
 
-_MEMORY_PARAMS = (
-    "gpu_memory_utilization",
-    "max_num_seqs",
-    "max_model_len",
-    "max_num_batched_tokens",
-)
 _MARGIN = 0.02  # differences below 2 % are measurement noise, not a reason to switch
 
 
@@ -834,14 +829,22 @@ def _number(value: object) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _uses_fp8(params: Mapping[str, object]) -> bool:
-    return any("fp8" in str(params.get(k, "")).lower() for k in ("quantization", "kv_cache_dtype"))
+def _memory_options(roles: OptionRoles) -> list[str]:
+    """The engine's options where a lower value needs less memory, in the order a trigger
+    names them: memory fraction, slots, context length, step token budget."""
+    wanted = (roles.memory_fraction, roles.slots, roles.context_length, roles.step_tokens)
+    return [name for name in wanted if name is not None]
 
 
-def _gpus(params: Mapping[str, object]) -> int:
+def _uses_fp8(params: Mapping[str, object], roles: OptionRoles) -> bool:
+    keys = [k for k in (roles.weight_quantization, roles.kv_dtype) if k is not None]
+    return any("fp8" in str(params.get(k, "")).lower() for k in keys)
+
+
+def _gpus(params: Mapping[str, object], roles: OptionRoles) -> int:
     n = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        v = _number(params.get(key, 1))
+    for key in (roles.tensor_parallel, roles.pipeline_parallel):
+        v = _number(params.get(key, 1)) if key is not None else None
         n *= int(v) if v else 1
     return n
 
@@ -857,11 +860,13 @@ def trigger_sentences(
     promoted_params: Mapping[str, object],
     promoted_metrics: Mapping[str, float | None],
     is_baseline: bool,
+    roles: OptionRoles,
     rate_margin: float = 0.02,
     rate_settled: bool = False,
     rate_basis: str | None = None,
 ) -> list[str]:
     """When to switch from the promoted config to this one, from how the two differ.
+    ``roles``: the engine's option roles, which name the options the triggers watch.
 
     The load trigger compares ``capacity`` when both configs have one (else goodput, else the
     request rate) and needs a lead above ``rate_margin`` (the capacity resolution: less is
@@ -869,9 +874,11 @@ def trigger_sentences(
     other one, so no load trigger (it would contradict the decision). ``rate_basis`` (e.g.
     "single runs") is added to the load trigger's sentence.
 
-    Less memory (a lower ``gpu_memory_utilization`` / ``max_num_seqs`` / ``max_model_len`` /
+    Less memory (a lower memory fraction / slots / context length / step token budget, e.g.
+    vLLM's ``gpu_memory_utilization`` / ``max_num_seqs`` / ``max_model_len`` /
     ``max_num_batched_tokens``, or a measured peak lower by more than 2 %) -> out-of-memory at
-    start-up; no fp8 where the promoted uses it -> a GPU without fp8; fewer GPUs; eager mode ->
+    start-up; no fp8 (weights or KV cache) where the promoted uses it -> a GPU without fp8;
+    fewer GPUs (tensor x pipeline parallel); eager mode ->
     CUDA graph capture failing; a higher goodput -> load above the promoted's goodput; lower
     latencies -> the load stays low and latency matters more. The baseline (engine defaults)
     is the last resort: after an engine upgrade, and when anything else fails. Parameters are
@@ -885,7 +892,7 @@ def trigger_sentences(
         )
 
     less: list[str] = []
-    for key in _MEMORY_PARAMS:
+    for key in _memory_options(roles):
         mine, theirs = _number(params.get(key)), _number(promoted_params.get(key))
         if mine is not None and theirs is not None and mine < theirs:
             less.append(f"{key} {_fmt_param(mine)} instead of {_fmt_param(theirs)}")
@@ -901,17 +908,18 @@ def trigger_sentences(
             "tuned, e.g. another process on the GPU): this one needs less (" + "; ".join(less) + ")"
         )
 
-    if _uses_fp8(promoted_params) and not _uses_fp8(params):
+    if _uses_fp8(promoted_params, roles) and not _uses_fp8(params, roles):
         out.append(
             "the GPU has no fp8 support (compute capability < 8.9, i.e. older than Ada/Hopper): "
             "this one does not use fp8"
         )
-    if _gpus(params) < _gpus(promoted_params):
+    if _gpus(params, roles) < _gpus(promoted_params, roles):
         out.append(
-            f"fewer than {_gpus(promoted_params)} GPUs are available: this one needs "
-            f"{_gpus(params)}"
+            f"fewer than {_gpus(promoted_params, roles)} GPUs are available: this one needs "
+            f"{_gpus(params, roles)}"
         )
-    if params.get("enforce_eager") is True and promoted_params.get("enforce_eager") is not True:
+    eager = roles.eager
+    if eager is not None and params.get(eager) is True and promoted_params.get(eager) is not True:
         out.append(
             "CUDA graph capture fails or start-up takes too long: this one runs in eager mode"
         )

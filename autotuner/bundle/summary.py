@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotuner.bundle.cache_report import cache_lines
 from autotuner.bundle.conditions import condition_lines
 from autotuner.core.errors import AutotunerError
+from autotuner.engines.base import OptionRoles
 from autotuner.engines.layout import devices_used
 from autotuner.records.manifest import DecisionRecord, Manifest
 from autotuner.records.trial import StudyRecord, TrialRecord
@@ -43,7 +44,9 @@ def _num(v: Any, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def render(study: optuna.Study, study_dir: Path) -> str:
+def render(study: optuna.Study, study_dir: Path, roles: OptionRoles) -> str:
+    """The study as text; ``roles`` are the option roles of the engine it tuned (they name
+    the layout's options in each trial's params, for capacity per GPU)."""
     lines = [f"study {study.study_name} ({study_dir})"]
     s = StudyRecord.from_attrs(study.user_attrs, study.study_name)
     ident = s.identity or {}
@@ -82,7 +85,7 @@ def render(study: optuna.Study, study_dir: Path) -> str:
             note += " [busy host]"
         cap = r.capacity.value if r.capacity else r.max_load
         # Capacity over the GPUs of the config's layout (tensor x pipeline x data parallel).
-        per_gpu = None if cap is None else cap / devices_used(r.params_or(t.params))
+        per_gpu = None if cap is None else cap / devices_used(r.params_or(t.params), roles)
         lines.append(
             f"{t.number:>3}  {r.role or '-':<9} {_status(t, r):<18} "
             f"{_num(cap):>8} {_bracket(t, r):>13} {_num(per_gpu):>8} {_num(m.get('goodput')):>8} "
@@ -127,7 +130,7 @@ def render(study: optuna.Study, study_dir: Path) -> str:
             lines.append(f"bundle: {manifest.parent}")
     else:
         lines.append("no promotion yet")
-    placements = placement.load(study_dir)
+    placements = placement.load(study_dir, roles)
     if any(p.node for p in placements):  # ran on Ray: where each launch went
         lines += ["", placement.render(placements)]
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from autotuner.core.errors import BadInput, EngineCrashed, EngineStartFailed, Interrupted
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
+from autotuner.engines import registry
 from autotuner.engines.base import EngineLaunchError
 from autotuner.engines.process import tail
 from autotuner.measure.bench import BenchOutcome, bench
@@ -43,7 +44,10 @@ def main_bench(
     run_dir = default_run_dir(Path(trials_dir), sla.name)
     started = time.monotonic()
     try:
-        outcome = asyncio.run(_run_cancellable(bench(sla, overrides=overrides, run_dir=run_dir)))
+        engine = registry.get(sla.engine.kind)  # the one lookup of this run's engine
+        outcome = asyncio.run(
+            _run_cancellable(bench(sla, engine=engine, overrides=overrides, run_dir=run_dir))
+        )
     except EngineLaunchError as exc:
         raise EngineStartFailed(
             f"{exc}\n--- last lines of {run_dir / 'engine.log'} ---\n{exc.log_tail}"

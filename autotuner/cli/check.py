@@ -76,7 +76,7 @@ def layout_lines(sla: Sla, assume_gpu: str | None, engine_version: str | None) -
     Raises BadInput when the plan cannot be made (unknown GPU model, no engine, bad space)."""
     from autotuner.core import hardware
     from autotuner.engines import envs, registry
-    from autotuner.engines.layout import resolve_mode
+    from autotuner.measure.launch import data_parallel_mode
     from autotuner.models import synth
     from autotuner.search import layout_plan
     from autotuner.space import SpaceError, load_space_for
@@ -114,7 +114,7 @@ def layout_lines(sla: Sla, assume_gpu: str | None, engine_version: str | None) -
         )
     except SpaceError as exc:
         raise BadInput(str(exc)) from None
-    mode = resolve_mode(sla.search.data_parallel, "data_parallel_size" in adapter.options)
+    mode = data_parallel_mode(sla, adapter)
     limit = next((c.limit for c in sla.constraints if c.metric == "peak_memory_gib"), None)
     verdicts = layout_plan.plan(
         space,

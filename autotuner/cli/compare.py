@@ -14,7 +14,9 @@ from pathlib import Path
 
 from autotuner.core.errors import BadInput, Interrupted
 from autotuner.core.procs import sigterm_as_interrupt
+from autotuner.engines import registry
 from autotuner.search.regress import compare_engines
+from autotuner.sla.spec import load_sla
 
 
 def _say(msg: str) -> None:
@@ -31,6 +33,7 @@ def main_compare(
     work_dir: str,
     fail_on_regression: bool,
 ) -> int:
+    adapter = registry.get(load_sla(sla_path).engine.kind)  # the engine both environments run
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     try:
         result = compare_engines(
@@ -38,6 +41,7 @@ def main_compare(
             Path(bundle),
             old,
             new,
+            adapter=adapter,
             replicates=replicates,
             min_effect=min_effect,
             work_dir=Path(work_dir),

@@ -12,10 +12,15 @@ import json
 from pathlib import Path
 
 from autotuner.core.errors import BadInput
-from autotuner.doctor.run import diagnose, render
-from autotuner.engines import envs
+from autotuner.doctor.run import diagnose, kind_of, render
+from autotuner.engines import envs, registry
+from autotuner.engines.base import EngineAdapter
 from autotuner.records.doctor import DoctorReport
 from autotuner.sla.spec import load_sla
+
+
+def _adapter(kind: str | None) -> EngineAdapter:
+    return registry.get(kind) if kind is not None else registry.default()
 
 
 def main_doctor(sla_path: str | None, engine: str | None, trials_dir: str, as_json: bool) -> int:
@@ -24,13 +29,20 @@ def main_doctor(sla_path: str | None, engine: str | None, trials_dir: str, as_js
         raise BadInput("give an SLA file or --engine, not both (the SLA names its engine)")
     if sla_path is not None:
         sla = load_sla(sla_path)  # SlaError: bad input, exit 2
-        reports = [diagnose(sla, subject=sla_path, trials_dir=Path(trials_dir))]
+        adapter = _adapter(kind_of(sla, None))
+        reports = [diagnose(sla, subject=sla_path, adapter=adapter, trials_dir=Path(trials_dir))]
     elif engine is not None:
-        reports = [diagnose(None, subject=f"engine {engine}", engine=engine)]
+        adapter = _adapter(kind_of(None, engine))
+        reports = [diagnose(None, subject=f"engine {engine}", adapter=adapter, engine=engine)]
     else:
         names: list[str | None] = [e.name for e in envs.list_envs()] or [None]
         reports = [
-            diagnose(None, subject=f"engine {n}" if n else "the default engine", engine=n)
+            diagnose(
+                None,
+                subject=f"engine {n}" if n else "the default engine",
+                adapter=_adapter(kind_of(None, n)),
+                engine=n,
+            )
             for n in names
         ]
     code = max(r.exit_code for r in reports)

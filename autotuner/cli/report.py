@@ -11,7 +11,9 @@ from pathlib import Path
 import optuna
 
 from autotuner.bundle.summary import render
-from autotuner.core.errors import BadInput
+from autotuner.core.errors import AutotunerError, BadInput
+from autotuner.engines import registry
+from autotuner.engines.base import EngineAdapter
 from autotuner.search.storage import check_sqlite
 from autotuner.search.study import storage_url
 
@@ -26,6 +28,18 @@ def find_study(study: str, trials_dir: Path) -> Path:
 
         return trials_dir / load_sla(p).name
     return trials_dir / study
+
+
+def engine_of(study_dir: Path) -> EngineAdapter:
+    """The adapter of the engine the study tuned: its ``sla.yaml``'s kind (the default kind
+    when that file is missing or no longer reads)."""
+    from autotuner.sla.spec import load_sla
+
+    try:
+        kind = load_sla(study_dir / "sla.yaml").engine.kind
+    except (AutotunerError, OSError, ValueError):
+        kind = registry.default_kind()
+    return registry.get(kind)
 
 
 def main_report(study: str, trials_dir: str, html: str | None = None) -> int:
@@ -44,5 +58,5 @@ def main_report(study: str, trials_dir: str, html: str | None = None) -> int:
 
         print(f"wrote {write(s, sdir, Path(html))}")
         return 0
-    print(render(s, sdir))
+    print(render(s, sdir, engine_of(sdir).roles))
     return 0

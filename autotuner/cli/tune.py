@@ -26,10 +26,13 @@ def _read_replay(sla: Sla) -> None:
     file with no usable prompt is bad input (exit 2), not a failed trial."""
     if sla.workload.dataset is None and sla.workload.trace is None:
         return
-    from autotuner.measure.bench import build_plan, resolve_model
+    from autotuner.engines import registry
+    from autotuner.measure.bench import build_plan
+    from autotuner.measure.launch import resolve_model
 
+    roles = registry.get(sla.engine.kind).roles  # its context length bounds the requests
     try:
-        plan = build_plan(sla, resolve_model(sla))
+        plan = build_plan(sla, resolve_model(sla), roles=roles)
     except (FileNotFoundError, ValueError) as exc:
         raise BadInput(str(exc)) from exc
     if plan.factory.replay is not None:

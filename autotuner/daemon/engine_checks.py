@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotuner.doctor.run import diagnose
-from autotuner.engines import envs
+from autotuner.doctor.run import diagnose, kind_of
+from autotuner.engines import envs, registry
 from autotuner.engines.envs import validate_name
 from autotuner.records.base import RecordError
 from autotuner.records.doctor import DoctorReport
@@ -41,7 +41,9 @@ def _engine(env: envs.EngineEnv | str) -> str | None:
 
 
 def _run_doctor(env: envs.EngineEnv | str, subject: str) -> DoctorReport:
-    return diagnose(None, subject=subject, engine=env)
+    kind = kind_of(None, env)  # the environment's engine (an unknown name: the default's)
+    adapter = registry.get(kind) if kind is not None else registry.default()
+    return diagnose(None, subject=subject, adapter=adapter, engine=env)
 
 
 def load(root: Path) -> Reports:

@@ -8,8 +8,9 @@
   before its first launch (fatal); values the hardware cannot run are left out (a warning
   when the SLA listed them itself).
 * What the space does not declare: ``dtype: bfloat16`` below compute capability 8.0, the
-  attention backend chosen through ``VLLM_ATTENTION_BACKEND`` / ``VLLM_FLASH_ATTN_VERSION``,
-  and ranks (tensor x pipeline parallel) beyond the target's GPUs.
+  attention backend chosen through the engine's environment (the variables its adapter names
+  in ``env_names``; vLLM's ``VLLM_ATTENTION_BACKEND`` / ``VLLM_FLASH_ATTN_VERSION``), and ranks
+  (tensor x pipeline parallel, the options of the adapter's roles) beyond the target's GPUs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from autotuner.core.hardware import HardwareProfile
 from autotuner.core.types import ParamValue
-from autotuner.engines import registry
+from autotuner.engines.base import EngineAdapter, EnvNames, OptionRoles
 from autotuner.records.doctor import Finding
 from autotuner.sla.allowed import option_rules
 from autotuner.sla.spec import Sla
@@ -52,30 +53,29 @@ class Fixed:
     where: str
 
 
-def fixed_options(sla: Sla) -> list[Fixed]:
+def fixed_options(sla: Sla, engine: EngineAdapter) -> list[Fixed]:
     """``engine.params``, then the options ``engine.args`` sets (already validated), read by
-    the same parser the launch uses (the adapter's ``sla_args_settings``)."""
+    the same parser the launch uses (``engine``'s ``sla_args_settings``)."""
     out = [Fixed(k, v, f"engine.params.{k}") for k, v in sla.engine.params.items()]
     rules = option_rules(sla.engine.kind)
-    adapter = registry.get(sla.engine.kind)
-    for i, name, value in adapter.sla_args_settings(sla.engine.args, rules):
+    for i, name, value in engine.sla_args_settings(sla.engine.args, rules):
         out.append(Fixed(name, value, f"engine.args[{i}]"))
     return out
 
 
 def feature_findings(
-    sla: Sla, version: str, hw: HardwareProfile
+    sla: Sla, version: str, hw: HardwareProfile, engine: EngineAdapter
 ) -> tuple[list[Finding], SearchSpace | None]:
-    """Findings for ``sla`` on engine ``version`` and ``hw``; the resolved space (None when
-    the ``search:`` section does not resolve)."""
-    space_name = registry.get(sla.engine.kind).space_name
-    fixed = fixed_options(sla)
+    """Findings for ``sla`` on ``engine`` (the adapter of its kind) ``version`` and ``hw``;
+    the resolved space (None when the ``search:`` section does not resolve)."""
+    space_name = engine.space_name
+    fixed = fixed_options(sla, engine)
     out: list[Finding] = []
     for f in fixed:
         out += _fixed_problem(f, space_name, version, hw, sla)
-    out += _ranks(fixed, hw)
+    out += _ranks(fixed, hw, engine.roles)
     out += _dtype(fixed, hw)
-    out += _attention(sla.engine.env, hw)
+    out += _attention(sla.engine.env, hw, engine.env_names)
     space: SearchSpace | None = None
     try:
         space = load_space_for(
@@ -152,15 +152,18 @@ def _fix(f: Fixed, problem: str) -> str:
     return f"remove {f.name} from the SLA or pick a value this hardware runs"
 
 
-def value_of(fixed: Sequence[Fixed], name: str) -> ParamValue:
+def value_of(fixed: Sequence[Fixed], name: str | None) -> ParamValue:
+    """The value the SLA fixes for option ``name`` (None: none, or no such option)."""
+    if name is None:
+        return None
     return next((f.value for f in reversed(fixed) if f.name == name), None)
 
 
-def _ranks(fixed: Sequence[Fixed], hw: HardwareProfile) -> list[Finding]:
+def _ranks(fixed: Sequence[Fixed], hw: HardwareProfile, roles: OptionRoles) -> list[Finding]:
     if hw.device != "gpu":
         return []
-    tp = value_of(fixed, "tensor_parallel_size")
-    pp = value_of(fixed, "pipeline_parallel_size")
+    tp = value_of(fixed, roles.tensor_parallel)
+    pp = value_of(fixed, roles.pipeline_parallel)
     ranks = (tp if isinstance(tp, int) else 1) * (pp if isinstance(pp, int) else 1)
     if ranks > hw.gpu_count > 0 and isinstance(pp, int) and pp > 1:
         return [
@@ -191,9 +194,12 @@ def _dtype(fixed: Sequence[Fixed], hw: HardwareProfile) -> list[Finding]:
     return []
 
 
-def _attention(env: Mapping[str, str], hw: HardwareProfile) -> list[Finding]:
+def _attention(env: Mapping[str, str], hw: HardwareProfile, names: EnvNames) -> list[Finding]:
+    """The attention backend and FlashAttention version ``env`` picks, against ``hw`` (the
+    variables are the engine's ``names``; an engine without them: nothing to check)."""
     out: list[Finding] = []
-    backend = env.get("VLLM_ATTENTION_BACKEND")
+    var = names.attention_backend
+    backend = env.get(var) if var is not None else None
     cc = hw.compute_capability
     if backend is not None:
         if hw.device == "cpu":
@@ -202,7 +208,7 @@ def _attention(env: Mapping[str, str], hw: HardwareProfile) -> list[Finding]:
                     Finding(
                         check="feature.attention",
                         status="warning",
-                        found=f"VLLM_ATTENTION_BACKEND={backend} on a CPU target: the CPU "
+                        found=f"{var}={backend} on a CPU target: the CPU "
                         "engine ignores it and uses its own kernels",
                         action="leave it out of engine.env for a CPU target",
                     )
@@ -212,7 +218,7 @@ def _attention(env: Mapping[str, str], hw: HardwareProfile) -> list[Finding]:
                 Finding(
                     check="feature.attention",
                     status="fatal",
-                    found=f"VLLM_ATTENTION_BACKEND={backend} is a CPU backend, the target is a GPU",
+                    found=f"{var}={backend} is a CPU backend, the target is a GPU",
                     action="leave it out, or name a GPU backend (FLASH_ATTN, FLASHINFER, ...)",
                 )
             )
@@ -221,7 +227,7 @@ def _attention(env: Mapping[str, str], hw: HardwareProfile) -> list[Finding]:
                 Finding(
                     check="feature.attention",
                     status="warning",
-                    found=f"VLLM_ATTENTION_BACKEND={backend}: not a backend the doctor knows",
+                    found=f"{var}={backend}: not a backend the doctor knows",
                     action="check the name against the engine's release (known: "
                     f"{', '.join(GPU_BACKENDS)})",
                 )
@@ -236,21 +242,22 @@ def _attention(env: Mapping[str, str], hw: HardwareProfile) -> list[Finding]:
                     Finding(
                         check="feature.attention",
                         status="fatal",
-                        found=f"VLLM_ATTENTION_BACKEND={backend} needs compute capability "
+                        found=f"{var}={backend} needs compute capability "
                         f"{span}, the GPU has {cc[0]}.{cc[1]}",
                         action="leave it out (the engine picks a backend the GPU runs) or name "
                         "another one",
                     )
                 )
-    fa = env.get("VLLM_FLASH_ATTN_VERSION")
+    fa_var = names.flash_attention_version
+    fa = env.get(fa_var) if fa_var is not None else None
     if fa == "3" and hw.device == "gpu" and cc is not None and cc[0] != 9:
         out.append(
             Finding(
                 check="feature.attention",
                 status="fatal",
-                found=f"VLLM_FLASH_ATTN_VERSION=3 (FlashAttention 3) runs on Hopper (compute "
+                found=f"{fa_var}=3 (FlashAttention 3) runs on Hopper (compute "
                 f"capability 9.x), the GPU has {cc[0]}.{cc[1]}",
-                action="use VLLM_FLASH_ATTN_VERSION=2, or leave it out",
+                action=f"use {fa_var}=2, or leave it out",
             )
         )
     return out

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autotuner.doctor.gpu import GpuScan, GpuState
 from autotuner.records.doctor import Finding
 
 GIB = 1 << 30
 
 
+@dataclass(frozen=True)
+class MemoryShare:
+    """The engine's option for the share of a device's memory it claims at start-up (its
+    memory-fraction role), and the engine's default share."""
+
+    option: str
+    default: float
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def gpu_findings(scan: GpuScan, *, mem_util: float | None) -> list[Finding]:
-    """Findings for a GPU target. ``mem_util`` is the highest ``gpu_memory_utilization`` a
-    launch may ask for (None: not known, e.g. an engine checked without an SLA: the engine
-    default 0.92, and a shortfall is a warning): vLLM refuses to start when less than that share
-    of the GPU is free."""
+def gpu_findings(scan: GpuScan, *, mem_util: float | None, share: MemoryShare) -> list[Finding]:
+    """Findings for a GPU target. ``mem_util`` is the highest memory share (``share.option``,
+    vLLM's ``gpu_memory_utilization``) a launch may ask for (None: not known, e.g. an engine
+    checked without an SLA: the engine default ``share.default``, and a shortfall is a
+    warning): vLLM refuses to start when less than that share of the GPU is free."""
     if scan.error is not None:
         return [
             Finding(
@@ -58,11 +69,12 @@ def gpu_findings(scan: GpuScan, *, mem_util: float | None) -> list[Finding]:
         )
     )
     for g in scan.gpus:
-        out += _one_gpu(g, 0.92 if mem_util is None else mem_util, known=mem_util is not None)
+        util = share.default if mem_util is None else mem_util
+        out += _one_gpu(g, util, share.option, known=mem_util is not None)
     return out
 
 
-def _one_gpu(g: GpuState, mem_util: float, *, known: bool) -> list[Finding]:
+def _one_gpu(g: GpuState, mem_util: float, option: str, *, known: bool) -> list[Finding]:
     at = f"gpu{g.index}"
     cc = "sm_?" if g.compute_capability is None else "sm_{}{}".format(*g.compute_capability)
     free = "" if g.memory_free is None else f", {_gib(g.memory_free)} free"
@@ -96,7 +108,7 @@ def _one_gpu(g: GpuState, mem_util: float, *, known: bool) -> list[Finding]:
     out.append(_ecc(g, at))
     out.append(_clocks(g, at))
     out.append(_pcie(g, at))
-    out.append(_memory(g, at, mem_util, known=known))
+    out.append(_memory(g, at, mem_util, option, known=known))
     return out
 
 
@@ -157,7 +169,7 @@ def _pcie(g: GpuState, at: str) -> Finding:
     return Finding(check=f"{at}.pcie", status="ok", found=found + note)
 
 
-def _memory(g: GpuState, at: str, mem_util: float, *, known: bool) -> Finding:
+def _memory(g: GpuState, at: str, mem_util: float, option: str, *, known: bool) -> Finding:
     others = list(g.processes)
     held = sum(p.used_bytes or 0 for p in others)
     who = ", ".join(
@@ -168,9 +180,9 @@ def _memory(g: GpuState, at: str, mem_util: float, *, known: bool) -> Finding:
             check=f"{at}.memory",
             status="fatal" if known else "warning",
             found=f"{_gib(g.memory_free)} free of {_gib(g.memory_total)}, less than "
-            f"gpu_memory_utilization {mem_util:g} asks for ({_gib(int(mem_util * g.memory_total))})"
+            f"{option} {mem_util:g} asks for ({_gib(int(mem_util * g.memory_total))})"
             + (f"; held by {who}" if others else ""),
-            action="stop the processes holding the GPU, or lower gpu_memory_utilization: vLLM "
+            action=f"stop the processes holding the GPU, or lower {option}: vLLM "
             "refuses to start when less than that share is free",
         )
     if others:

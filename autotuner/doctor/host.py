@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from autotuner.core.hardware import CpuInfo
+from autotuner.engines.base import EngineAdapter
 from autotuner.measure.hostload import HostSample, sample
 from autotuner.records.doctor import Finding
 
@@ -21,14 +22,19 @@ DISK_WARN = 10 * GIB
 SHM_WARN = 1 * GIB  # Docker's default is 64 MiB, which NCCL outgrows at TP > 1
 
 
-def cache_dirs(environ: Mapping[str, str] | None = None) -> dict[str, Path]:
-    """Where the engine writes at start-up: vLLM's cache (torch.compile artefacts, kernels),
-    TorchInductor's and Triton's."""
+def cache_dirs(engine: EngineAdapter, environ: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """Where the engine writes at start-up: its own cache (vLLM's: torch.compile artefacts,
+    kernels; the adapter names the variable and the default), TorchInductor's and Triton's."""
     env = os.environ if environ is None else environ
     home = Path(env.get("HOME") or Path.home())
     user = env.get("USER") or env.get("LOGNAME") or getpass.getuser()
+    names = engine.env_names
+    own: dict[str, Path] = {}
+    if names.cache_root is not None or names.cache_default is not None:
+        root = env.get(names.cache_root) if names.cache_root is not None else None
+        own[f"{engine.display_name} cache"] = Path(root or home / (names.cache_default or ""))
     return {
-        "vLLM cache": Path(env.get("VLLM_CACHE_ROOT") or home / ".cache" / "vllm"),
+        **own,
         "TorchInductor cache": Path(
             env.get("TORCHINDUCTOR_CACHE_DIR") or f"/tmp/torchinductor_{user}"
         ),
@@ -106,8 +112,12 @@ def shm_finding(ranks: int, shm: Path = Path("/dev/shm")) -> Finding:
     return Finding(check="host.shm", status="ok", found=found)
 
 
-def cpu_findings(cpu: CpuInfo, *, device: str, ranks: int, mem_util: float | None) -> list[Finding]:
-    """Cores for the engine's processes, and (CPU target) RAM for its KV cache."""
+def cpu_findings(
+    cpu: CpuInfo, *, device: str, ranks: int, mem_util: float | None, option: str
+) -> list[Finding]:
+    """Cores for the engine's processes, and (CPU target) RAM for its KV cache; ``option``
+    names the engine's memory share (vLLM's ``gpu_memory_utilization``, on the CPU engine a
+    share of RAM)."""
     out = []
     if device == "cpu":
         need = 2  # the CPU engine keeps a core for its server and runs the model on the rest
@@ -133,7 +143,7 @@ def cpu_findings(cpu: CpuInfo, *, device: str, ranks: int, mem_util: float | Non
         want = util * cpu.memory_total
         ram = (
             f"{cpu.memory_available / GIB:.1f} GiB of {cpu.memory_total / GIB:.1f} GiB RAM "
-            f"available; gpu_memory_utilization {util:g} asks for {want / GIB:.1f} GiB"
+            f"available; {option} {util:g} asks for {want / GIB:.1f} GiB"
         )
         if cpu.memory_available < want:
             out.append(
@@ -141,8 +151,7 @@ def cpu_findings(cpu: CpuInfo, *, device: str, ranks: int, mem_util: float | Non
                     check="host.memory",
                     status="warning",
                     found=ram,
-                    action="lower gpu_memory_utilization (on the CPU engine: its share of RAM) "
-                    "or free memory",
+                    action=f"lower {option} (on the CPU engine: its share of RAM) or free memory",
                 )
             )
         else:
@@ -171,9 +180,11 @@ def load_finding(device: str, found: HostSample | None = None) -> Finding:
     )
 
 
-def places(model_dir: Path | None, trials_dir: Path, home: Path) -> dict[str, Path]:
-    """Every place the doctor checks the disk of."""
-    out: dict[str, Path] = dict(cache_dirs())
+def places(
+    model_dir: Path | None, trials_dir: Path, home: Path, engine: EngineAdapter
+) -> dict[str, Path]:
+    """Every place the doctor checks the disk of (``engine``: whose cache)."""
+    out: dict[str, Path] = dict(cache_dirs(engine))
     out["models"] = model_dir if model_dir is not None else home / "models"
     out["studies"] = trials_dir
     return out

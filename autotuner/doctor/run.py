@@ -18,9 +18,10 @@ from autotuner.core.types import ParamValue
 from autotuner.doctor import features, host
 from autotuner.doctor.engine_findings import REINSTALL, torch_findings
 from autotuner.doctor.gpu import GpuScan, SmiRunner, scan
-from autotuner.doctor.gpu_findings import gpu_findings
+from autotuner.doctor.gpu_findings import MemoryShare, gpu_findings
 from autotuner.doctor.torchprobe import PROBE_TIMEOUT_S, probe_torch
-from autotuner.engines import envs, registry
+from autotuner.engines import envs
+from autotuner.engines.base import EngineAdapter
 from autotuner.records.doctor import DoctorReport, Finding, exit_code_of
 from autotuner.sla.spec import Sla
 from autotuner.space import SearchSpace
@@ -28,18 +29,42 @@ from autotuner.space import SearchSpace
 __all__ = ["diagnose"]
 
 
-def _engine_python(sla: Sla | None, engine: envs.EngineEnv | str | None) -> tuple[Path, str, str]:
-    """The interpreter to check, how it was chosen, and the engine kind."""
+def _engine_python(sla: Sla | None, engine: envs.EngineEnv | str | None) -> tuple[Path, str]:
+    """The interpreter to check, and how it was chosen."""
     if isinstance(engine, envs.EngineEnv):  # the daemon: the registered one, never an override
-        return engine.python, f"engine env {engine.name!r}", engine.kind
+        return engine.python, f"engine env {engine.name!r}"
     if sla is not None:
-        py, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
-        return py, how, sla.engine.kind
+        return envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
     if engine is not None:  # named: that entry, whatever $AUTOTUNER_VLLM_PYTHON says
         env = envs.get(engine)
-        return env.python, f"engine env {env.name!r}", env.kind
-    py, how = envs.resolve_python(None, None)
-    return py, how, registry.default_kind()
+        return env.python, f"engine env {env.name!r}"
+    return envs.resolve_python(None, None)
+
+
+def kind_of(sla: Sla | None, engine: envs.EngineEnv | str | None) -> str | None:
+    """The engine kind a doctor run checks: the SLA's, else the engine environment's (None:
+    the default kind, also for a name that is not registered: the run reports that)."""
+    if sla is not None:
+        return sla.engine.kind
+    if isinstance(engine, envs.EngineEnv):
+        return engine.kind
+    if engine is not None:
+        try:
+            return envs.get(engine).kind
+        except envs.EngineEnvError:
+            return None
+    return None
+
+
+def memory_share(adapter: EngineAdapter, hw: hardware.HardwareProfile) -> MemoryShare:
+    """The engine's memory-share option and its default on ``hw``, from the adapter (an
+    engine without such an option: a share of 0.9 is assumed)."""
+    option = adapter.roles.memory_fraction
+    default = adapter.defaults(hw).get(option) if option is not None else None
+    return MemoryShare(
+        option or "memory share",
+        float(default) if isinstance(default, int | float) else 0.9,
+    )
 
 
 def _target(sla: Sla | None, device: str | None) -> tuple[str, list[str] | None]:
@@ -70,8 +95,13 @@ def _profile(kind: str, gpus: GpuScan | None) -> hardware.HardwareProfile:
     )
 
 
-def _highest(space: SearchSpace | None, fixed: list[features.Fixed], name: str) -> ParamValue:
-    """The largest value of ``name`` a launch may get: fixed, searched, or the default."""
+def _highest(
+    space: SearchSpace | None, fixed: list[features.Fixed], name: str | None
+) -> ParamValue:
+    """The largest value of option ``name`` a launch may get: fixed, searched, or the default
+    (None: the engine has no such option)."""
+    if name is None:
+        return None
     if space is None:
         return features.value_of(fixed, name)
     if name in space.fixed:
@@ -88,6 +118,7 @@ def diagnose(
     sla: Sla | None,
     *,
     subject: str,
+    adapter: EngineAdapter,
     engine: envs.EngineEnv | str | None = None,
     trials_dir: Path = Path("trials"),
     nvml: Any = None,
@@ -95,16 +126,17 @@ def diagnose(
     torch_timeout_s: float = PROBE_TIMEOUT_S,
 ) -> DoctorReport:
     """Check ``sla`` (or, without one, the engine environment ``engine``: a name, a registered
-    entry, or None for the only one) before any launch. ``nvml`` / ``smi`` stand in for
+    entry, or None for the only one) before any launch. ``adapter``: the adapter of the engine
+    kind checked (the caller resolves it: :func:`kind_of`). ``nvml`` / ``smi`` stand in for
     ``pynvml`` / ``nvidia-smi`` in tests."""
     out: list[Finding] = []
     python: Path | None = None
     version = engine_text = device = None
     dist = ""
     try:
-        python, how, kind = _engine_python(sla, engine)
+        python, how = _engine_python(sla, engine)
         dist, version = envs.probe_version(python)
-        device = registry.get(kind).env_traits.device_of(dist, version)
+        device = adapter.env_traits.device_of(dist, version)
         engine_text = f"{dist} {version}"
         out.append(Finding(check="engine", status="ok", found=how))
     except envs.EngineEnvError as e:
@@ -133,18 +165,20 @@ def diagnose(
         )
     gpus = scan(devices, nvml=nvml, smi=smi) if target_kind == "gpu" else None
     hw = _profile(target_kind, gpus)
-    fixed = features.fixed_options(sla) if sla is not None else []
+    fixed = features.fixed_options(sla, adapter) if sla is not None else []
     space: SearchSpace | None = None
     feature_out: list[Finding] = []
     if sla is not None and version is not None:
-        feature_out, space = features.feature_findings(sla, version, hw)
-    mem_util = _highest(space, fixed, "gpu_memory_utilization")
+        feature_out, space = features.feature_findings(sla, version, hw, adapter)
+    roles = adapter.roles
+    share = memory_share(adapter, hw)
+    mem_util = _highest(space, fixed, roles.memory_fraction)
     util = float(mem_util) if isinstance(mem_util, int | float) else None
-    ranks = host.ranks_of([_highest(space, fixed, "tensor_parallel_size")]) * host.ranks_of(
-        [_highest(space, fixed, "pipeline_parallel_size")]
+    ranks = host.ranks_of([_highest(space, fixed, roles.tensor_parallel)]) * host.ranks_of(
+        [_highest(space, fixed, roles.pipeline_parallel)]
     )
     if gpus is not None:
-        out += gpu_findings(gpus, mem_util=util)
+        out += gpu_findings(gpus, mem_util=util, share=share)
     if python is not None and version is not None:
         facts = probe_torch(
             python,
@@ -159,9 +193,11 @@ def diagnose(
     model_dir = None
     if sla is not None and sla.model.path is not None:
         model_dir = sla.resolve_path(sla.model.path)
-    out += host.disk_findings(host.places(model_dir, trials_dir, paths.home()))
+    out += host.disk_findings(host.places(model_dir, trials_dir, paths.home(), adapter))
     out.append(host.shm_finding(ranks))
-    out += host.cpu_findings(hw.cpu, device=target_kind, ranks=ranks, mem_util=util)
+    out += host.cpu_findings(
+        hw.cpu, device=target_kind, ranks=ranks, mem_util=util, option=share.option
+    )
     out.append(host.load_finding(target_kind))
     return DoctorReport(
         subject=subject,

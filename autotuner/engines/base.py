@@ -175,6 +175,64 @@ class MetricNames:
 
 
 @dataclass(frozen=True)
+class OptionRoles:
+    """The engine's option names for the engine-neutral concepts the tuner reasons about.
+
+    Outside its engine package the tuner never spells an engine's option: it asks the adapter
+    which option plays a role (a config's ``params`` are keyed by the engine's own names, so
+    ``params[roles.tensor_parallel]`` is that config's tensor-parallel size). None: the engine
+    has no option for that role (the tuner then treats the role as absent: one rank, no
+    limit, the engine's own choice).
+
+    - ``tensor_parallel``: ranks one model copy's layers are split across (an int, default 1);
+    - ``pipeline_parallel``: pipeline stages one model copy is cut into (an int, default 1);
+    - ``data_parallel``: model copies serving side by side (an int, default 1); its presence
+      among the adapter's ``options`` says the engine can run them itself;
+    - ``slots``: the most sequences the engine schedules at once (its concurrent batch);
+    - ``step_tokens``: the token budget of one scheduler step (prefill and decode together);
+    - ``memory_fraction``: the share of the device's memory the engine claims (0..1);
+    - ``kv_block``: tokens per KV-cache block (the unit the cache is allotted in);
+    - ``context_length``: the longest sequence (prompt plus output) the engine serves;
+    - ``eager``: a switch that runs the model without captured graphs (a bool);
+    - ``weight_quantization``: how the weights are quantized at load (e.g. ``fp8``);
+    - ``kv_dtype``: the data type the KV cache is stored in (e.g. ``fp8``).
+    """
+
+    tensor_parallel: str | None = None
+    pipeline_parallel: str | None = None
+    data_parallel: str | None = None
+    slots: str | None = None
+    step_tokens: str | None = None
+    memory_fraction: str | None = None
+    kv_block: str | None = None
+    context_length: str | None = None
+    eager: str | None = None
+    weight_quantization: str | None = None
+    kv_dtype: str | None = None
+
+    def named(self) -> dict[str, str]:
+        """Role -> option name, for the roles the engine has."""
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class EnvNames:
+    """The engine's environment variables that the doctor's checks read (None: the engine has
+    no such variable).
+
+    - ``attention_backend``: names the attention kernels the engine uses;
+    - ``flash_attention_version``: the FlashAttention major version (``"2"`` / ``"3"``);
+    - ``cache_root``: where the engine keeps compiled artefacts; ``cache_default`` is that
+      place when the variable is unset, relative to the home directory.
+    """
+
+    attention_backend: str | None = None
+    flash_attention_version: str | None = None
+    cache_root: str | None = None
+    cache_default: str | None = None
+
+
+@dataclass(frozen=True)
 class CrashTraits:
     """What the crash memory needs to know of the engine's options and logs.
 
@@ -343,6 +401,11 @@ class EngineAdapter(Protocol):
     # The environment variable that pins one engine server to CPU cores (a list such as
     # "0,1"): replicas on a CPU target get disjoint cores. None: the engine has none.
     cpu_bind_env: str | None
+    # Which of the engine's options plays each engine-neutral role (layout, slots, step
+    # budget, memory share...): the only way code outside the engine's package names one.
+    roles: OptionRoles
+    # The engine's environment variables the doctor reads.
+    env_names: EnvNames
     metrics: MetricNames
     crash_traits: CrashTraits
     env_traits: EnvTraits
@@ -400,11 +463,13 @@ class EngineAdapter(Protocol):
         params: Params,
         hardware: HardwareProfile,
         *,
-        max_model_len: int | None = None,
+        context_len: int | None = None,
         env: Mapping[str, str] | None = None,
         check_free: bool = True,
     ) -> MemoryEstimate:
-        """How the engine would size weights, overhead and KV cache of ``params``."""
+        """How the engine would size weights, overhead and KV cache of ``params``
+        (``context_len``: the context length to size for; None: the one ``params`` or the
+        model's config gives)."""
         ...
 
     def check(
@@ -413,10 +478,11 @@ class EngineAdapter(Protocol):
         *,
         model_cfg: Mapping[str, object],
         hardware: HardwareProfile,
-        max_model_len: int | None,
+        context_len: int | None,
         env: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """Reasons ``params`` must not be launched on ``hardware`` (empty: launch it)."""
+        """Reasons ``params`` must not be launched on ``hardware`` (empty: launch it);
+        ``context_len`` as for :meth:`estimate_memory`."""
         ...
 
     def memory_claim(self, params: Params, hardware: HardwareProfile) -> MemoryClaim | None:

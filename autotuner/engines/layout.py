@@ -11,16 +11,21 @@ Data parallelism runs one of two ways (``search.data_parallel`` in the SLA):
 
 ``auto`` takes the engine's flag where the engine version has it, else replicas. The study
 decides once (:func:`resolve_mode`) and every launch of the study uses that way, so that the
-``data_parallel_size`` a trial records always means the same thing.
+data-parallel size a trial records always means the same thing.
+
+A config's ``params`` are keyed by the engine's own option names; which of them are the
+tensor, pipeline and data parallel sizes is the adapter's
+:class:`~autotuner.engines.base.OptionRoles`, passed in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from autotuner.core.types import ParamValue
+from autotuner.engines.base import OptionRoles
 
 Mode = Literal["engine", "replicas"]
 Choice = Literal["auto", "engine", "replicas"]
@@ -28,13 +33,9 @@ Choice = Literal["auto", "engine", "replicas"]
 # Capacity divided by the devices the layout takes (an objective an SLA may choose).
 CAPACITY_PER_GPU = "capacity_per_gpu"
 
-DP = "data_parallel_size"
-TP = "tensor_parallel_size"
-PP = "pipeline_parallel_size"
 
-
-def _size(params: Mapping[str, ParamValue], key: str) -> int:
-    value = params.get(key)
+def _size(params: Mapping[str, ParamValue], key: str | None) -> int:
+    value = None if key is None else params.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
@@ -53,10 +54,22 @@ class Layout:
     pp: int = 1
     dp: int = 1
     mode: Mode = "engine"
+    # The option the engine spells the data-parallel size with (left out of each server's
+    # options when the tuner runs the copies itself).
+    dp_option: str | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, params: Mapping[str, ParamValue], mode: Mode = "engine") -> Layout:
-        return cls(_size(params, TP), _size(params, PP), _size(params, DP), mode)
+    def of(
+        cls, params: Mapping[str, ParamValue], roles: OptionRoles, mode: Mode = "engine"
+    ) -> Layout:
+        """The layout of ``params`` (an engine without an option for a role: size 1)."""
+        return cls(
+            _size(params, roles.tensor_parallel),
+            _size(params, roles.pipeline_parallel),
+            _size(params, roles.data_parallel),
+            mode,
+            roles.data_parallel,
+        )
 
     @property
     def ranks(self) -> int:
@@ -74,11 +87,11 @@ class Layout:
         return self.dp if self.mode == "replicas" else 1
 
     def engine_params(self, params: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
-        """The options each engine server gets: without ``data_parallel_size`` when the
+        """The options each engine server gets: without the data-parallel size when the
         tuner runs the copies itself."""
         out = dict(params)
-        if self.mode == "replicas":
-            out.pop(DP, None)
+        if self.mode == "replicas" and self.dp_option is not None:
+            out.pop(self.dp_option, None)
         return out
 
     def slices(self, devices: Sequence[str]) -> list[list[str]]:
@@ -102,7 +115,7 @@ class Layout:
         return f"{' x '.join(parts)} ({self.devices} {unit}{'s' if self.devices > 1 else ''}{how})"
 
 
-def devices_used(params: Mapping[str, ParamValue]) -> int:
+def devices_used(params: Mapping[str, ParamValue], roles: OptionRoles) -> int:
     """Devices a config takes (tensor x pipeline x data parallel): what capacity per GPU
     divides by. On a CPU target this counts engine ranks."""
-    return Layout.of(params).devices
+    return Layout.of(params, roles).devices

@@ -138,25 +138,26 @@ def weights_bytes(
 
 def kv_bytes_per_token(
     cfg: Mapping[str, Any],
-    kv_cache_dtype: str | None = "auto",
+    kv_dtype: str | None = "auto",
     *,
     dtype: str | None = None,
-    tensor_parallel_size: int = 1,
+    tp: int = 1,
 ) -> int:
     """KV-cache bytes one token takes on one rank: 2 x layers x KV heads x head_dim x bytes.
 
-    With tensor parallelism each rank holds ``kv_heads / tp`` heads (at least one: vLLM
+    ``kv_dtype``: the KV cache's data type (``auto``: the served dtype). With ``tp``
+    tensor-parallel ranks each rank holds ``kv_heads / tp`` heads (at least one: vLLM
     replicates KV heads when there are fewer than ranks).
     """
     shape = ModelShape.of(cfg)
-    kv = str(kv_cache_dtype or "auto").lower()
+    kv = str(kv_dtype or "auto").lower()
     if _FP8_KV.match(kv):
         per = 1
     elif kv in ("bfloat16", "float16", "half"):
         per = 2
     else:
         per = _served_bytes(dtype)
-    heads = max(1, shape.kv_heads // max(1, tensor_parallel_size))
+    heads = max(1, shape.kv_heads // max(1, tp))
     return 2 * shape.layers * heads * shape.head_dim * per
 
 
@@ -192,38 +193,44 @@ def model_max_len(cfg: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per-rank memory of one engine config; ``fits`` False comes with a ``reason``."""
+    """Per-rank memory of one engine config; ``fits`` False comes with a ``reason``.
+
+    The sizes the engine settled on carry the neutral role names of
+    :class:`~autotuner.engines.base.OptionRoles`: ``kv_block`` (tokens per KV-cache block),
+    ``context_len`` (the longest sequence), ``slots`` (sequences scheduled at once) and
+    ``step_tokens`` (the token budget of one scheduler step).
+    """
 
     device: Device
     total_bytes: int  # what the engine budgets from (CUDA total / NUMA node MemTotal)
-    requested_bytes: int  # gpu_memory_utilization x total
+    requested_bytes: int  # the engine's memory fraction x total
     weights_bytes: int
     overhead_bytes: int  # activations, CUDA graphs, runtime (CPU: process RSS)
     kv_budget_bytes: int
     kv_bytes_per_token: int
-    block_size: int
+    kv_block: int
     kv_tokens: int
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
+    context_len: int
+    slots: int
+    step_tokens: int
     fits: bool
     reason: str = ""
 
     @property
     def max_concurrency(self) -> float:
         """Full-length sequences the KV cache holds (vLLM logs this as "Maximum concurrency")."""
-        return self.kv_tokens / self.max_model_len if self.max_model_len else 0.0
+        return self.kv_tokens / self.context_len if self.context_len else 0.0
 
     @property
     def max_concurrent_seqs(self) -> int:
-        """Sequences running together in the worst case: all of ``max_model_len`` tokens."""
-        return self.concurrent_seqs(self.max_model_len)
+        """Sequences running together in the worst case: all of ``context_len`` tokens."""
+        return self.concurrent_seqs(self.context_len)
 
     def concurrent_seqs(self, tokens_per_seq: int) -> int:
         """Sequences of ``tokens_per_seq`` (prompt + output) that run together without
-        preemption: KV blocks per sequence, capped by ``max_num_seqs``."""
-        blocks = -(-max(1, tokens_per_seq) // self.block_size)
-        return min(self.max_num_seqs, self.kv_tokens // (blocks * self.block_size))
+        preemption: KV blocks per sequence, capped by the ``slots``."""
+        blocks = -(-max(1, tokens_per_seq) // self.kv_block)
+        return min(self.slots, self.kv_tokens // (blocks * self.kv_block))
 
     def summary(self) -> str:
         gib = GIB
@@ -232,6 +239,6 @@ class MemoryEstimate:
             f" requested; weights {self.weights_bytes / gib:.2f}, overhead "
             f"{self.overhead_bytes / gib:.2f}, KV {self.kv_budget_bytes / gib:.2f} GiB = "
             f"{self.kv_tokens:,} tokens ({self.kv_bytes_per_token:,} B/token), "
-            f"{self.max_concurrency:.1f}x max_model_len {self.max_model_len}"
+            f"{self.max_concurrency:.1f}x context length {self.context_len}"
             + ("" if self.fits else f"; does not fit: {self.reason}")
         )

@@ -10,7 +10,7 @@ constraint and report.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,18 +19,16 @@ from typing import Any
 from autotuner import __version__
 from autotuner.core.errors import EngineCrashed
 from autotuner.core.types import ParamValue
-from autotuner.engines import envs, registry
-from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
-from autotuner.engines.layout import Layout, resolve_mode
+from autotuner.engines import envs
+from autotuner.engines.base import EngineAdapter, EngineProcess, OptionRoles
 from autotuner.engines.process import launch_saying
-from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs, usable_cpus
 from autotuner.measure.conversations import synthetic_traffic
 from autotuner.measure.evaluate import Evaluation, evaluate
+from autotuner.measure.launch import engine_params, make_engine, resolve_model
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.measure.steady import describe as describe_warmup
 from autotuner.measure.steady import rule_of
-from autotuner.models import synth
 from autotuner.records.bench import BenchResult, VerdictRecord
 from autotuner.sla.spec import Sla, context_limit
 from autotuner.workload.replay import replay_of, trace_deadline, trace_requests
@@ -74,8 +72,11 @@ def build_plan(
     arrival: Arrival | None = None,
     level: int = 0,
     requests: int | None = None,
+    *,
+    roles: OptionRoles,
 ) -> LoadPlan:
     """The SLA's workload as a load plan; ``arrival`` overrides the SLA's (rate probing).
+    ``roles``: the engine's option roles (its context-length option bounds replayed requests).
 
     ``level`` > 0 is a later load level on an engine that already served the earlier ones:
     no warm-up, and requests (prompts, dataset rows) that the earlier levels did not send.
@@ -83,7 +84,7 @@ def build_plan(
     levels sized for a percentile, :mod:`autotuner.measure.levels`).
     """
     w = sla.workload
-    replay = replay_of(sla, model_dir, context_limit(sla))
+    replay = replay_of(sla, model_dir, context_limit(sla, roles))
     requests = requests or w.requests or trace_requests(replay)
     arrival = arrival or arrival_of(sla)
     deadline = w.timeout_s
@@ -112,91 +113,6 @@ def build_plan(
         request_timeout_s=w.request_timeout_s,
         deadline_s=deadline,
     )
-
-
-def resolve_model(sla: Sla, say: Say = _stderr) -> Path:
-    """The model directory; a synthetic model is generated on first use."""
-    if sla.model.synth:
-        target = synth.default_model_dir(sla.model.synth)
-        if not (target / "autotuner-synth.json").exists():
-            say(f"generating model {sla.model.synth} in {target} ...")
-        return synth.synthesize(sla.model.synth, target)
-    assert sla.model.path is not None
-    path = sla.resolve_path(sla.model.path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model directory {path} has no config.json")
-    return path
-
-
-def engine_params(
-    sla: Sla, model_dir: Path, overrides: Mapping[str, ParamValue] | None = None
-) -> dict[str, ParamValue]:
-    """SLA parameters (``engine.params`` and ``engine.args``, merged) + overrides; weightless
-    (architecture-only) models load random weights (the engine's options for that, e.g. a
-    dummy load format)."""
-    params: dict[str, ParamValue] = dict(sla.engine.settings())
-    params.update(overrides or {})
-    if synth.needs_dummy_load(model_dir):
-        for key, value in adapter_of(sla).random_weights.items():
-            params.setdefault(key, value)
-    return params
-
-
-def adapter_of(sla: Sla) -> EngineAdapter:
-    """The adapter of the engine kind the SLA names."""
-    return registry.get(sla.engine.kind)
-
-
-def make_engine(
-    sla: Sla,
-    python: Path,
-    model_dir: Path,
-    params: Mapping[str, ParamValue],
-    log_path: Path,
-    cuda_devices: list[str] | None = None,
-    *,
-    tuner_args: Sequence[str] = (),
-    tuner_env: Mapping[str, str] | None = None,
-) -> EngineProcess:
-    """The engine process of ``params`` for the SLA's engine kind (not started).
-
-    ``cuda_devices`` None: the SLA's target devices (none on a CPU target). ``tuner_args`` and
-    ``tuner_env`` are the tuner's own additions (the engine's profiler), after the SLA's.
-    """
-    if cuda_devices is None and sla.target.kind != "cpu":
-        cuda_devices = list(sla.target.devices)
-    adapter = adapter_of(sla)
-    layout = layout_of(sla, params)
-    if cuda_devices is not None and layout.replicas == 1 and len(cuda_devices) > layout.devices:
-        # One server sees only the GPUs its layout takes (TP=2 of a 4-GPU target: two).
-        cuda_devices = cuda_devices[: layout.devices]
-    spec = LaunchSpec(
-        python=python,
-        model=model_dir,
-        served_name=sla.model.served_name or sla.model.synth or model_dir.name,
-        params=layout.engine_params(params),
-        log_path=log_path,
-        # engine.args are in ``params`` (sla.engine.settings): the options once, as recorded.
-        extra_args=tuple(tuner_args),
-        env={**sla.engine.env, **(tuner_env or {})},
-        cuda_devices=None if cuda_devices is None else tuple(cuda_devices),
-        startup_timeout_s=sla.engine.startup_timeout_s,
-    )
-    if layout.replicas == 1:
-        return adapter.process(rank_binding(spec, layout, adapter.cpu_bind_env, usable_cpus()))
-    return ReplicaSet(
-        [
-            adapter.process(replica)
-            for replica in replica_specs(spec, layout, adapter.cpu_bind_env, usable_cpus())
-        ]
-    )
-
-
-def layout_of(sla: Sla, params: Mapping[str, ParamValue]) -> Layout:
-    """The layout ``params`` take under the SLA's way of running data parallelism (``auto``:
-    the engine's own flag where its adapter knows one, else replicas)."""
-    engine_has_flag = "data_parallel_size" in adapter_of(sla).options
-    return Layout.of(params, resolve_mode(sla.search.data_parallel, engine_has_flag))
 
 
 @dataclass(frozen=True)
@@ -257,15 +173,17 @@ async def measure(
     engine: EngineProcess,
     model_dir: Path,
     *,
+    adapter: EngineAdapter,
     arrival: Arrival | None = None,
     say: Say = _stderr,
 ) -> tuple[float, LoadResult]:
-    """Launch ``engine``, run the SLA's load (or ``arrival``), always stop it.
+    """Launch ``engine``, run the SLA's load (or ``arrival``), always stop it. ``adapter``:
+    the engine's (its metric names, its option roles).
 
     Returns the start-up time and the result with the monitor's summary attached. Raises
     :class:`EngineCrashed` when the engine exited during the load.
     """
-    plan = build_plan(sla, model_dir, arrival)
+    plan = build_plan(sla, model_dir, arrival, roles=adapter.roles)
     if plan.factory.replay is not None:
         say(plan.factory.replay.note())
     say(f"starting engine (log: {engine.log_path}) ...")
@@ -278,7 +196,7 @@ async def measure(
             f", {plan.warmup_requests} warm-up"
         )
         gpus = None if sla.target.kind == "cpu" else list(sla.target.devices)
-        metrics = adapter_of(sla).metrics
+        metrics = adapter.metrics
         monitor = Monitor(endpoint.urls, engine.processes, gpus, metrics=metrics)
         result = await run_load(
             endpoint.urls,
@@ -313,24 +231,27 @@ async def measure(
 async def bench(
     sla: Sla,
     *,
+    engine: EngineAdapter,
     overrides: Mapping[str, ParamValue] | None = None,
     run_dir: Path,
     say: Say = _stderr,
 ) -> BenchOutcome:
+    """Measure the SLA's config (plus ``overrides``) on ``engine``, the adapter of the SLA's
+    engine kind."""
     model_dir = resolve_model(sla, say)
     python, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
     dist, version = envs.probe_version(python)
     say(f"engine: {dist} {version} ({how})")
-    params = engine_params(sla, model_dir, overrides)
-    engine = make_engine(sla, python, model_dir, params, run_dir / "engine.log")
-    startup_s, result = await measure(sla, engine, model_dir, say=say)
+    params = engine_params(sla, model_dir, overrides, engine=engine)
+    process = make_engine(sla, python, model_dir, params, run_dir / "engine.log", engine=engine)
+    startup_s, result = await measure(sla, process, model_dir, adapter=engine, say=say)
     return BenchOutcome(
         sla_name=sla.name,
         params=params,
-        argv=tuple(engine.argv()),
+        argv=tuple(process.argv()),
         engine_version=f"{dist} {version}",
         startup_s=startup_s,
         result=result,
         evaluation=evaluate(result, sla),
-        log_path=engine.log_path,
+        log_path=process.log_path,
     )

@@ -21,8 +21,8 @@ import aiohttp
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
-from autotuner.engines.base import EngineLaunchError
-from autotuner.measure.bench import adapter_of, engine_params, make_engine
+from autotuner.engines.base import EngineAdapter, EngineLaunchError
+from autotuner.measure.launch import engine_params, make_engine
 from autotuner.measure.quality import (
     DUMMY_WEIGHTS,
     Completion,
@@ -48,12 +48,14 @@ def quality_of(sla: Sla) -> QualitySpec:
     return spec if isinstance(spec, QualitySpec) else QualitySpec()
 
 
-def random_weights(sla: Sla, model_dir: Path, params: Mapping[str, ParamValue]) -> bool:
-    """Whether the engine serves random weights: no weight files, or the engine's own
+def random_weights(
+    engine: EngineAdapter, model_dir: Path, params: Mapping[str, ParamValue]
+) -> bool:
+    """Whether ``engine`` serves random weights: no weight files, or the engine's own
     options for random weights (vLLM: ``load_format: dummy``) among ``params``."""
     if synth.needs_dummy_load(model_dir):
         return True
-    dummy = adapter_of(sla).random_weights
+    dummy = engine.random_weights
     return bool(dummy) and all(params.get(k) == v for k, v in dummy.items())
 
 
@@ -104,6 +106,7 @@ async def sample(
 
 async def _completions(
     sla: Sla,
+    engine: EngineAdapter,
     python: Path,
     model_dir: Path,
     params: Mapping[str, ParamValue],
@@ -113,20 +116,23 @@ async def _completions(
     repeats: int = 1,
 ) -> list[list[Completion]]:
     """``repeats`` rounds of the prompts on one launch of ``params``."""
-    engine = make_engine(sla, python, model_dir, params, run_dir / "engine.log", cuda_devices)
+    process = make_engine(
+        sla, python, model_dir, params, run_dir / "engine.log", cuda_devices, engine=engine
+    )
     try:
-        endpoint = await engine.launch()
+        endpoint = await process.launch()
         spec = quality_of(sla)
         return [
             await sample(endpoint.base_url, endpoint.model, prompts, spec) for _ in range(repeats)
         ]
     finally:
-        await engine.stop()
+        await process.stop()
 
 
 def run_gate(
     sla: Sla,
     *,
+    engine: EngineAdapter,
     python: Path,
     model_dir: Path,
     baseline: Mapping[str, ParamValue],
@@ -138,12 +144,14 @@ def run_gate(
 ) -> GateResult:
     """The gate's verdict on ``candidate`` against ``baseline`` (two launches; none on random
     weights). ``candidate_model_dir``: the candidate serves another checkpoint of the model
-    (e.g. a quantized copy). Writes ``quality.json`` into ``run_dir``."""
+    (e.g. a quantized copy). ``engine``: the adapter of the SLA's engine kind. Writes
+    ``quality.json`` into ``run_dir``."""
     spec = quality_of(sla)
     cand_dir = candidate_model_dir or model_dir
-    base_params = engine_params(sla, model_dir, baseline)
-    cand_params = engine_params(sla, cand_dir, candidate)
-    if random_weights(sla, model_dir, base_params) or random_weights(sla, cand_dir, cand_params):
+    base_params = engine_params(sla, model_dir, baseline, engine=engine)
+    cand_params = engine_params(sla, cand_dir, candidate, engine=engine)
+    dummy = random_weights(engine, model_dir, base_params)
+    if dummy or random_weights(engine, cand_dir, cand_params):
         result = unmeasurable(DUMMY_WEIGHTS, spec.limits)
         say(f"quality gate: {result.reason}")
         return result
@@ -157,7 +165,9 @@ def run_gate(
     for name, d, p, repeats in runs:
         try:
             got[name] = asyncio.run(
-                _completions(sla, python, d, p, prompts, run_dir / name, cuda_devices, repeats)
+                _completions(
+                    sla, engine, python, d, p, prompts, run_dir / name, cuda_devices, repeats
+                )
             )
         except (EngineLaunchError, RuntimeError, aiohttp.ClientError, KeyError) as exc:
             result = unmeasurable(f"the {name} could not be sampled: {exc}", spec.limits)

@@ -24,9 +24,10 @@ import aiohttp
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
-from autotuner.engines.base import EngineLaunchError, ProfilerSetup
-from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
+from autotuner.engines.base import EngineAdapter, EngineLaunchError, ProfilerSetup
+from autotuner.measure.bench import arrival_of, build_plan
 from autotuner.measure.kernels import KernelBreakdown, TraceError, aggregate, read_trace
+from autotuner.measure.launch import make_engine
 from autotuner.measure.loadgen import run_load
 from autotuner.sla.spec import Sla
 
@@ -118,6 +119,7 @@ def profile_config(
     params: Mapping[str, ParamValue],
     sla: Sla,
     *,
+    engine: EngineAdapter,
     python: Path,
     version: str,
     model_dir: Path,
@@ -126,13 +128,14 @@ def profile_config(
     window: ProfileWindow | None = None,
     say: Say = print,
 ) -> KernelBreakdown:
-    """Launch ``params`` under the engine's profiler, capture one window, always stop it.
+    """Launch ``params`` under ``engine``'s profiler (the adapter of the SLA's engine kind),
+    capture one window, always stop it.
 
     Raises :class:`ProfileFailed` when the engine version has no profiler the adapter can
     drive, the launch fails, the capture is refused, or no readable trace appears.
     """
     window = window or ProfileWindow()
-    adapter = adapter_of(sla)
+    adapter = engine
     trace_dir = (run_dir / "traces").absolute()
     setup = adapter.profiler(version, trace_dir)
     if setup is None:
@@ -141,21 +144,24 @@ def profile_config(
         shutil.rmtree(trace_dir)
     trace_dir.mkdir(parents=True)
     # The launch a trial makes (layout, replicas, CPU binding), the profiler's flags added.
-    engine = make_engine(
+    process = make_engine(
         sla,
         python,
         model_dir,
         params,
         run_dir / "engine.log",
         cuda_devices,
+        engine=adapter,
         tuner_args=setup.args,
         tuner_env=setup.env,
     )
-    plan = build_plan(sla, model_dir, arrival_of(sla), requests=window.requests)
+    plan = build_plan(
+        sla, model_dir, arrival_of(sla), requests=window.requests, roles=adapter.roles
+    )
 
     async def go() -> tuple[list[Path], float]:
         try:
-            endpoint = await engine.launch()
+            endpoint = await process.launch()
         except EngineLaunchError as exc:
             raise ProfileFailed(f"the profiling launch failed: {exc}") from None
         try:
@@ -172,7 +178,7 @@ def profile_config(
             files = await _settled(trace_dir, setup.skip, window.trace_wait_s)
             return files, capture.window_s
         finally:
-            await engine.stop()
+            await process.stop()
 
     run_dir.mkdir(parents=True, exist_ok=True)
     files, window_s = asyncio.run(go())

@@ -21,7 +21,6 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.core.hardware import nvml_text
-from autotuner.engines import registry
 from autotuner.engines.base import MetricNames
 from autotuner.measure.cache import cached_share
 
@@ -69,13 +68,13 @@ def engine_summary(
     before: Samples,
     after: Samples,
     peaks: dict[str, float],
-    metrics: MetricNames | None = None,
+    metrics: MetricNames,
 ) -> dict[str, Any]:
     """Counter deltas, mean phase times and peaks from two scrapes and the sampled gauges.
 
-    ``metrics``: the engine's metric names (None: the default engine kind's).
+    ``metrics``: the engine's metric names (its adapter's).
     """
-    names_of = metrics or registry.default().metrics
+    names_of = metrics
     out: dict[str, Any] = {}
     for key, names in names_of.counters.items():
         a, b = _first(after, names), _first(before, names)
@@ -159,15 +158,16 @@ class Monitor:
         processes: Callable[[], list[psutil.Process]],
         gpu_devices: list[str] | None = None,
         interval_s: float = 0.5,
-        metrics: MetricNames | None = None,
+        *,
+        metrics: MetricNames,
     ) -> None:
-        """``metrics``: the engine's metric names (None: the default engine kind's).
+        """``metrics``: the engine's metric names (its adapter's).
         Several base URLs (engine replicas): each is scraped and the scrapes merged
         (:func:`merge_samples`)."""
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.base_urls = [u.rstrip("/") for u in urls]
         self.base_url = self.base_urls[0]
-        self.metrics = metrics or registry.default().metrics
+        self.metrics = metrics
         self.processes = processes
         self.gpu_devices = gpu_devices
         self.interval_s = interval_s

@@ -29,10 +29,10 @@ from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
 from autotuner.engines.base import EngineAdapter
 from autotuner.measure import kernel_profile
-from autotuner.measure.bench import resolve_model
 from autotuner.measure.gate import run_gate
 from autotuner.measure.hostload import busy_warning
 from autotuner.measure.kernels import KernelBreakdown
+from autotuner.measure.launch import resolve_model
 from autotuner.measure.levels import resolution_notes
 from autotuner.measure.quality import GateResult
 from autotuner.models.folder import read_config
@@ -217,7 +217,7 @@ def _tune(
 ) -> dict[str, Any]:
     """:func:`tune`, with the study held."""
     model_dir = resolve_model(sla, _say)
-    engine_adapter = registry.get(sla.engine.kind)
+    engine_adapter = registry.get(sla.engine.kind)  # the study's engine: resolved once, here
     python, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
     dist, version = envs.probe_version(python)
     engine = f"{dist} {version}"
@@ -306,7 +306,7 @@ def _tune(
             params,
             model_cfg=model_cfg,
             hardware=hw,
-            max_model_len=None,
+            context_len=None,
             env=sla.engine.env,
             engine=engine_adapter,
         )
@@ -326,6 +326,7 @@ def _tune(
             model_dir=model_dir,
             run_dir=trial_dir,
             cuda_devices=cuda,
+            adapter=engine_adapter,
             settings=(
                 settings
                 if start_load is None
@@ -345,7 +346,13 @@ def _tune(
         from autotuner.search.ray_executor import RayExecutor
 
         remote = RayExecutor(
-            sla, python=python, model_dir=model_dir, settings=settings, address=address, say=_say
+            sla,
+            adapter=engine_adapter,
+            python=python,
+            model_dir=model_dir,
+            settings=settings,
+            address=address,
+            say=_say,
         )
     plan, stopper = strategy_for(sla, space, study_dir, budget.trials)
     for note in plan.describe() if plan is not None else []:
@@ -406,6 +413,7 @@ def _tune(
                 model_dir=model_dir,
                 run_dir=run_dir,
                 cuda_devices=cuda,
+                adapter=engine_adapter,
                 settings=one,
                 say=_say,
             )
@@ -414,6 +422,7 @@ def _tune(
             return kernel_profile.profile_config(
                 params,
                 sla,
+                engine=engine_adapter,
                 python=python,
                 version=version,
                 model_dir=model_dir,
@@ -428,6 +437,7 @@ def _tune(
             # On this host, also with --executor ray: two launches, one after the other.
             return run_gate(
                 sla,
+                engine=engine_adapter,
                 python=python,
                 model_dir=model_dir,
                 baseline=baseline,
@@ -437,7 +447,9 @@ def _tune(
                 say=_say,
             )
 
-        ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url)
+        ctx = Context(
+            sla, study, study_dir, space, hw, model_dir, engine, python, url, engine_adapter
+        )
         profiling = profile_run if kernel_profile.enabled(sla) else None
         manifest = promote(ctx, confirm_run, _say, profiling, gate=gate_run)
         if (spent := manifest.get("gpu_minutes")) is not None:

@@ -282,6 +282,9 @@ class TrialFile(Record):
     # Wall-clock span, executor, node, GPUs, log tail
     extra: dict[str, Any] = Field(default_factory=dict)
     capacity: CapacityRecord | None = None  # the launch's capacity search (version 2)
+    # Devices the config's layout took (tensor x pipeline x data parallel; on a CPU target,
+    # engine ranks); None in files written before it was recorded.
+    devices: int | None = None
     # Devices x wall seconds, by phase: ``engine_start`` (launch to healthy, a failed start
     # included), ``warmup`` (the levels' warm-up requests), ``levels`` (measured load),
     # ``stop`` (stopping the engine); empty in files written before it was recorded.

@@ -47,6 +47,7 @@ from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
 from autotuner.core.types import ParamValue
+from autotuner.engines.base import OptionRoles
 from autotuner.engines.layout import CAPACITY_PER_GPU, devices_used
 from autotuner.search.capacity_compare import CapacityComparison, compare_capacity
 
@@ -437,11 +438,12 @@ def known_zero(config: str, replicates: int, where: str) -> list[Replicate]:
     ]
 
 
-def per_gpu_scale(sla: Sla, params: Mapping[str, ParamValue]) -> float:
+def per_gpu_scale(sla: Sla, params: Mapping[str, ParamValue], roles: OptionRoles) -> float:
     """What a config's capacity is multiplied by where configs are compared: 1 / its devices
-    when the SLA's first objective is capacity per GPU, else 1."""
+    (read through the engine's option ``roles``) when the SLA's first objective is capacity
+    per GPU, else 1."""
     if sla.objectives[0].metric == CAPACITY_PER_GPU:
-        return 1.0 / devices_used(params)
+        return 1.0 / devices_used(params, roles)
     return 1.0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from autotuner.core.types import ParamValue
+from autotuner.engines.base import OptionRoles
 from autotuner.engines.layout import devices_used
 from autotuner.search.trial import TrialResult
 
@@ -87,6 +88,7 @@ class LocalExecutor:
         self._queue.clear()
 
 
-def gpus_needed(params: Mapping[str, ParamValue]) -> int:
-    """GPUs one config takes: tensor x pipeline x data parallel size (every replica)."""
-    return devices_used(params)
+def gpus_needed(params: Mapping[str, ParamValue], roles: OptionRoles) -> int:
+    """GPUs one config takes: tensor x pipeline x data parallel size (every replica), read
+    through the engine's option ``roles``."""
+    return devices_used(params, roles)

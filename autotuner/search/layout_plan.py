@@ -3,8 +3,9 @@
 Every tensor x data parallel combination up to the target's GPUs (powers of two, and one size
 past them so that "more than the GPUs" is shown) is put through the engine's rules (heads,
 layers, GPU count, memory per GPU) and the SLA's memory limit; what passes is kept when the
-SLA's search reaches it (its ``values`` for ``tensor_parallel_size`` / ``data_parallel_size``,
-else the engine default 1). Each kept layout shows what the memory model gives one GPU.
+SLA's search reaches it (its ``values`` for the engine's tensor / data parallel options, vLLM's
+``tensor_parallel_size`` / ``data_parallel_size``, else the engine default 1). Each kept layout
+shows what the memory model gives one GPU.
 
 The hardware is the target's as probed, or an assumed GPU model (``--assume-gpu h200``) so
 that a plan for a machine one does not have can be checked here.
@@ -19,9 +20,8 @@ from typing import Any
 
 from autotuner.core.hardware import CpuInfo, GpuInfo, HardwareProfile
 from autotuner.core.types import ParamValue
-from autotuner.engines import registry
 from autotuner.engines.base import EngineAdapter
-from autotuner.engines.layout import DP, TP, Layout
+from autotuner.engines.layout import Layout
 from autotuner.search import rules
 from autotuner.space import SearchSpace
 
@@ -59,9 +59,11 @@ class LayoutVerdict:
         return f"{mark}  {self.layout.describe(self.unit)}{base}: {self.why}"
 
 
-def _searched(space: SearchSpace, name: str) -> tuple[ParamValue, ...]:
+def _searched(space: SearchSpace, name: str | None) -> tuple[ParamValue, ...]:
     """The values the study gives ``name``: its choices when searched, else the fixed value
-    (or the engine default 1)."""
+    (or the engine default 1; an engine without the option: 1)."""
+    if name is None:
+        return (1,)
     if any(p.name == name for p in space.params):
         choices = space.param(name).choices
         if choices is not None:
@@ -83,27 +85,32 @@ def plan(
     """Every candidate layout with its verdict, the smallest first (module docstring)."""
     top = max(hardware.gpu_count, 1)
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= 2 * top]
-    tps, dps = _searched(space, TP), _searched(space, DP)
+    roles = engine.roles
+    tp_name, dp_name = roles.tensor_parallel, roles.data_parallel
+    tps, dps = _searched(space, tp_name), _searched(space, dp_name)
     base = {**space.fixed, **baseline}
     unit = "GPU" if hardware.device == "gpu" else "rank"
     out = []
-    for tp, dp in itertools.product(sizes, sizes):
+    tp_sizes = sizes if tp_name is not None else [1]
+    dp_sizes = sizes if dp_name is not None else [1]
+    for tp, dp in itertools.product(tp_sizes, dp_sizes):
         if tp * dp > 2 * top:
             continue
-        params: dict[str, ParamValue] = {**space.fixed, TP: tp, DP: dp}
-        layout = Layout.of(params, "replicas" if mode == "replicas" else "engine")
+        params: dict[str, ParamValue] = dict(space.fixed)
+        params.update({k: v for k, v in ((tp_name, tp), (dp_name, dp)) if k is not None})
+        layout = Layout.of(params, roles, "replicas" if mode == "replicas" else "engine")
         reasons = rules.check(
             params,
             model_cfg=model_cfg,
             hardware=hardware,
-            max_model_len=None,
+            context_len=None,
             env=env,
             engine=engine,
         )
         over = memory_limit_reason(params, hardware, memory_limit_gib, engine)
         if over:
             reasons.append(over)
-        is_base = Layout.of(base) == Layout.of(params)
+        is_base = Layout.of(base, roles) == Layout.of(params, roles)
         if reasons:
             out.append(LayoutVerdict(layout, False, "; ".join(reasons), is_base, unit))
             continue
@@ -124,14 +131,13 @@ def memory_limit_reason(
     params: Mapping[str, ParamValue],
     hw: HardwareProfile,
     limit_gib: float | None,
-    engine: EngineAdapter | None = None,
+    engine: EngineAdapter,
 ) -> str | None:
     """The SLA's memory limit as a hard constraint before launch: a GPU engine claims its
-    memory pool up front (the adapter's ``memory_claim``), so that claim decides.
-    ``engine`` None: the default engine kind's adapter."""
+    memory pool up front (``engine``'s ``memory_claim``), so that claim decides."""
     if limit_gib is None:
         return None
-    claim = (engine or registry.default()).memory_claim(params, hw)
+    claim = engine.memory_claim(params, hw)
     if claim is None:
         return None
     if claim.gib > limit_gib:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from autotuner.engines.base import OptionRoles
 from autotuner.records.trial import TrialFile
 from autotuner.search.executors import gpus_needed
 
@@ -36,8 +37,9 @@ class Placement:
         return self.seen or self.assigned
 
 
-def load(study_dir: Path) -> list[Placement]:
-    """Every launch of the study that recorded its wall-clock span, by start time."""
+def load(study_dir: Path, roles: OptionRoles) -> list[Placement]:
+    """Every launch of the study that recorded its wall-clock span, by start time (``roles``:
+    the engine's, which name the layout's options in each launch's params)."""
     out = []
     for path in sorted(study_dir.glob("**/trial.json")):
         trial = TrialFile.read_or_none(path)
@@ -52,7 +54,7 @@ def load(study_dir: Path) -> list[Placement]:
                 node=extra.get("node"),
                 assigned=tuple(extra.get("gpu_uuids") or ()),
                 seen=tuple(sorted(extra.get("engine_gpus") or {})),
-                needed=gpus_needed(trial.params),
+                needed=gpus_needed(trial.params, roles),
                 start=float(extra["started_at"]),
                 end=float(extra["ended_at"]),
                 status=trial.status,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotuner.core.types import ParamValue
+from autotuner.engines.base import EngineAdapter
 from autotuner.search.executors import gpus_needed
 from autotuner.search.trial import SearchSettings, TrialResult
 from autotuner.sla.spec import Sla
@@ -69,11 +70,13 @@ def remote_trial(
     params: dict[str, ParamValue],
     settings: SearchSettings,
     gpu: bool,
+    adapter: EngineAdapter,
 ) -> tuple[TrialResult, bytes]:
-    """The body of a Ray task (runs on the worker node)."""
+    """The body of a Ray task (runs on the worker node); ``adapter`` is the study's, shipped
+    with the task."""
     import ray
 
-    from autotuner.measure.bench import resolve_model
+    from autotuner.measure.launch import resolve_model
     from autotuner.search.trial import run_trial
 
     model = Path(model_dir)
@@ -89,6 +92,7 @@ def remote_trial(
             model_dir=model,
             run_dir=run_dir,
             cuda_devices=cuda,
+            adapter=adapter,
             settings=settings,
             say=print,
         )
@@ -122,6 +126,7 @@ class RayExecutor:
         self,
         sla: Sla,
         *,
+        adapter: EngineAdapter,
         python: Path,
         model_dir: Path,
         settings: SearchSettings,
@@ -135,6 +140,7 @@ class RayExecutor:
 
         self._ray = ray
         self.sla = sla
+        self.adapter = adapter
         self.python = str(python)
         self.model_dir = str(model_dir)
         self.settings = settings
@@ -182,9 +188,17 @@ class RayExecutor:
         settings = settings or self.settings
         if start_load is not None:  # a candidate raced against the incumbent
             settings = dataclasses.replace(settings, start_load=start_load)
-        gpus = gpus_needed(params) if self.gpu else 0
+        gpus = gpus_needed(params, self.adapter.roles) if self.gpu else 0
         ref = self._task.options(num_gpus=gpus, num_cpus=0 if self.gpu else self.cpus_per_trial)
-        handle = ref.remote(self.sla, self.python, self.model_dir, params, settings, self.gpu)
+        handle = ref.remote(
+            self.sla,
+            self.python,
+            self.model_dir,
+            params,
+            settings,
+            self.gpu,
+            self.adapter,
+        )
         self._pending[handle] = (params, trial_dir)
         return handle  # type: ignore[no-any-return]
 

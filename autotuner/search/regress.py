@@ -37,6 +37,7 @@ from autotuner.core.errors import EngineStartFailed
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs
+from autotuner.engines.base import EngineAdapter
 from autotuner.records.compare import EngineComparison, EngineRef, MetricChangeRecord, ReplicateLine
 from autotuner.records.manifest import Manifest, PromotedConfig
 from autotuner.search.capacity_compare import t_quantile
@@ -286,13 +287,15 @@ def compare_engines(
     old: str,
     new: str,
     *,
+    adapter: EngineAdapter,
     replicates: int,
     min_effect: float,
     work_dir: Path,
     say: Say,
 ) -> dict[str, Any]:
-    """Run the check and write ``result.json`` into ``work_dir``. Returns that result."""
-    from autotuner.measure.bench import resolve_model
+    """Run the check and write ``result.json`` into ``work_dir``. Returns that result.
+    ``adapter``: the one of the SLA's engine kind (both environments run that engine)."""
+    from autotuner.measure.launch import resolve_model
     from autotuner.search.trial import SearchSettings, run_trial
     from autotuner.sla.load import sla_load
     from autotuner.sla.spec import load_sla
@@ -317,6 +320,7 @@ def compare_engines(
             model_dir=model_dir,
             run_dir=run_dir,
             cuda_devices=cuda,
+            adapter=adapter,
             settings=SearchSettings(max_levels=1, start_load=load),
             say=say,
         )

@@ -1,8 +1,8 @@
 """Pruning before launch: an engine's own rules, and a memory of the launches that crashed.
 
-``check(params, model_cfg=, hardware=, max_model_len=)`` returns human-readable reasons (empty:
-launch it). ``params`` are the engine options the launch would get (snake_case; missing options
-take the engine's defaults). The rules themselves are the engine adapter's
+``check(params, model_cfg=, hardware=, context_len=, engine=)`` returns human-readable reasons
+(empty: launch it). ``params`` are the engine options the launch would get (snake_case; missing
+options take the engine's defaults). The rules themselves are the engine adapter's
 (:meth:`~autotuner.engines.base.EngineAdapter.check`): what an option means, and which
 combinations an engine refuses, is engine knowledge.
 
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotuner.core.hardware import HardwareProfile
-from autotuner.engines import registry
 from autotuner.engines.base import CrashTraits, EngineAdapter, LaunchCause
 from autotuner.engines.memory import parse_token_count
 
@@ -37,19 +36,18 @@ def check(
     *,
     model_cfg: Mapping[str, Any],
     hardware: HardwareProfile,
-    max_model_len: int | None,
+    context_len: int | None,
     env: Mapping[str, str] | None = None,
-    engine: EngineAdapter | None = None,
+    engine: EngineAdapter,
 ) -> list[str]:
     """Reasons ``params`` must not be launched on ``hardware`` (empty: fine).
 
-    ``max_model_len`` None: ``params["max_model_len"]``, else the model config's. ``env`` is
-    the engine's environment. ``engine``: the adapter whose rules apply (None: the default
-    engine kind's).
+    ``context_len`` None: the context length ``params`` sets (the engine's context-length
+    option), else the model config's. ``env`` is the engine's environment. ``engine``: the
+    adapter whose rules apply.
     """
-    adapter = engine or registry.default()
-    return adapter.check(
-        params, model_cfg=model_cfg, hardware=hardware, max_model_len=max_model_len, env=env
+    return engine.check(
+        params, model_cfg=model_cfg, hardware=hardware, context_len=context_len, env=env
     )
 
 
@@ -64,7 +62,7 @@ class Crash:
     cause: str
     detail: str = ""
     label: str = ""  # e.g. "trial 12"
-    traits: CrashTraits | None = None  # None: the default engine kind's
+    traits: CrashTraits | None = None  # the engine's; None: never KV-starved
 
     @property
     def out_of_memory(self) -> bool:
@@ -72,8 +70,7 @@ class Crash:
 
     @property
     def kv_starved(self) -> bool:
-        traits = self.traits or registry.default().crash_traits
-        return bool(traits.kv_starved.search(self.detail))
+        return self.traits is not None and bool(self.traits.kv_starved.search(self.detail))
 
 
 @dataclass
@@ -84,15 +81,16 @@ class CrashMemory:
     knob (``traits.memory_params``) nor memory-neutral has the same value (missing options take
     ``defaults``, else stay unknown and must be missing on both sides), and every memory knob
     is at least the crashed value. Exception: when the crash was the KV cache being too small
-    for one sequence, raising ``gpu_memory_utilization`` / ``kv_cache_memory_bytes`` is what
-    would help, so for those two (``traits.budget_params``) the candidate is near only at or
-    *below* the crashed value. Crashes of other causes are remembered but never block anything.
-    ``traits`` are the engine's (default: the default engine kind's).
+    for one sequence, raising the options that size the KV cache (vLLM:
+    ``gpu_memory_utilization`` / ``kv_cache_memory_bytes``) is what would help, so for those
+    (``traits.budget_params``) the candidate is near only at or *below* the crashed value.
+    Crashes of other causes are remembered but never block anything. ``traits`` are the
+    engine adapter's.
     """
 
+    traits: CrashTraits
     defaults: Mapping[str, Any] = field(default_factory=dict)
     crashes: list[Crash] = field(default_factory=list)
-    traits: CrashTraits = field(default_factory=lambda: registry.default().crash_traits)
 
     def record(
         self, params: Mapping[str, Any], cause: LaunchCause | str, detail: str = "", label: str = ""

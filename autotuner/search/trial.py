@@ -44,14 +44,20 @@ from typing import Any, Literal
 
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
-from autotuner.engines.base import Endpoint, EngineLaunchError, EngineProcess
-from autotuner.engines.layout import CAPACITY_PER_GPU, devices_used
+from autotuner.engines.base import (
+    Endpoint,
+    EngineAdapter,
+    EngineLaunchError,
+    EngineProcess,
+)
+from autotuner.engines.layout import CAPACITY_PER_GPU
 from autotuner.engines.process import ROOT_CAUSE_WINDOW_BYTES, launch_saying, tail
-from autotuner.measure.bench import adapter_of, arrival_of, build_plan, make_engine
+from autotuner.measure.bench import arrival_of, build_plan
 from autotuner.measure.cache import cache_note
 from autotuner.measure.capacity import Capacity, CapacitySearch
 from autotuner.measure.evaluate import evaluate
 from autotuner.measure.hostload import HostWatch
+from autotuner.measure.launch import layout_of, make_engine
 from autotuner.measure.levels import judge, level_size, pooled
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
@@ -157,6 +163,11 @@ class TrialResult:
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     capacity: CapacityRecord | None = None  # None: a failed launch, or an older record
+    # Devices the config's layout took, as run_trial resolved it through the engine's
+    # adapter: what capacity per GPU divides by. None: not recorded (a stand-in's result, a
+    # record written before), counted as one; a reader of such records that needs the
+    # per-GPU value computes it from ``params`` and the adapter's roles (bundle.promote).
+    devices: int | None = None
     # Devices x wall seconds by phase (engine_start, warmup, levels, stop): what the launch
     # cost (:func:`gpu_seconds`); empty for a result that was not timed (a test's stand-in).
     gpu_seconds: dict[str, float] = field(default_factory=dict)
@@ -184,7 +195,7 @@ class TrialResult:
             cap = self.found_capacity()
             if cap is None:
                 return None
-            return cap.value if name == "capacity" else cap.value / devices_used(self.params)
+            return cap.value if name == "capacity" else cap.value / (self.devices or 1)
         if name == "peak_memory_gib":
             peaks = [v for lv in self.levels if (v := lv.metrics.get(name)) is not None]
             return max(peaks) if peaks else None
@@ -224,6 +235,7 @@ class TrialResult:
             duration_s=r.duration_s,
             extra=dict(r.extra),
             capacity=r.capacity,
+            devices=r.devices,
             gpu_seconds=dict(r.gpu_seconds),
         )
 
@@ -349,6 +361,7 @@ def crash_reason(
 async def _measure_levels(
     sla: Sla,
     engine: EngineProcess,
+    adapter: EngineAdapter,
     endpoint: Endpoint,
     model_dir: Path,
     run_dir: Path,
@@ -367,15 +380,21 @@ async def _measure_levels(
     if base.process == "trace":
         search.unit = "x trace speed"  # the load of a trace is how fast it is replayed
     size = level_size(sla)
-    metrics = adapter_of(sla).metrics
     previous: LoadResult | None = None  # the run an undecided level's re-measure pools with
     # (not one the load generator fell behind on: its re-measure starts afresh)
     parts: list[LoadResult] = []  # the runs pooled into ``previous``, each judged for sustain
     while (load := search.next_rate()) is not None:
         i = len(levels)
         again = search.extending and previous is not None
-        plan = build_plan(sla, model_dir, _arrival(base, load), level=i, requests=size.requests)
-        monitor = Monitor(endpoint.urls, engine.processes, gpus, metrics=metrics)
+        plan = build_plan(
+            sla,
+            model_dir,
+            _arrival(base, load),
+            level=i,
+            requests=size.requests,
+            roles=adapter.roles,
+        )
+        monitor = Monitor(endpoint.urls, engine.processes, gpus, metrics=adapter.metrics)
         result = await run_load(endpoint.urls, endpoint.model, plan, around=monitor)
         warm = result.warmup_s
         if (warmed := result.warmup) is not None:
@@ -459,16 +478,21 @@ def run_trial(
     model_dir: Path,
     run_dir: Path,
     cuda_devices: list[str] | None,
+    adapter: EngineAdapter,
     settings: SearchSettings | None = None,
     say: Say = print,
 ) -> TrialResult:
-    """Launch ``params``, search load levels, always stop the engine, return what was seen.
+    """Launch ``params`` on the engine of ``adapter`` (the SLA's engine kind's, resolved once
+    per study), search load levels, always stop the engine, return what was seen.
 
     Launch failures are results (status ``failed`` with the classified cause), not raised.
     """
     settings = settings or SearchSettings()
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(sla, python, model_dir, params, run_dir / "engine.log", cuda_devices)
+    engine = make_engine(
+        sla, python, model_dir, params, run_dir / "engine.log", cuda_devices, engine=adapter
+    )
+    devices = layout_of(sla, params, adapter).devices
     load_kind: Literal["rate", "concurrency"] = (
         "rate" if arrival_of(sla).open_loop else "concurrency"
     )
@@ -502,6 +526,7 @@ def run_trial(
             capacity = await _measure_levels(
                 sla,
                 engine,
+                adapter,
                 endpoint,
                 model_dir,
                 run_dir,
@@ -535,7 +560,7 @@ def run_trial(
 
     def _crashed(crash: _Crashed, levels: list[Level], endpoint: Endpoint) -> TrialResult:
         log = tail(engine.log_path, 1_000_000, max_bytes=ROOT_CAUSE_WINDOW_BYTES)
-        root = adapter_of(sla).root_cause(log)
+        root = adapter.root_cause(log)
         at = _arrival(arrival_of(sla), crash.load).describe()
         reason = crash_reason(crash.level, at, crash.code, crash.requests, crash.failed, root)
         say(f"    level {crash.level + 1}: {at} -> engine crashed (exit status {crash.code})")
@@ -574,13 +599,13 @@ def run_trial(
     extra = {**result.extra, "started_at": started_at, "ended_at": time.time(), "host": host}
     if engine_gpus:
         extra["engine_gpus"] = engine_gpus
-    spent = gpu_seconds(devices_used(params), clock, result.levels)
     result = TrialResult(
         **{
             **result.__dict__,
             "duration_s": time.monotonic() - started,
             "extra": extra,
-            "gpu_seconds": spent,
+            "devices": devices,
+            "gpu_seconds": gpu_seconds(devices, clock, result.levels),
         }
     )
     result.write(run_dir / "trial.json")

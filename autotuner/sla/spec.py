@@ -44,6 +44,7 @@ from pydantic_core import PydanticCustomError
 from autotuner.core.errors import BadInput
 from autotuner.core.yamlpos import KeyPath, Located, load_located
 from autotuner.engines import registry
+from autotuner.engines.base import OptionRoles
 from autotuner.sla.quality import QualitySpec
 from autotuner.space import SearchSpec
 
@@ -1408,7 +1409,8 @@ def _missing_files(sla: Sla, located: Located) -> list[Problem]:
     if sla.workload.dataset is not None or sla.workload.trace is not None:
         from autotuner.workload.replay import file_problems
 
-        for at, msg in file_problems(sla.workload, sla.resolve_path, _context_limit(sla)):
+        limit = context_limit(sla, _roles(sla))
+        for at, msg in file_problems(sla.workload, sla.resolve_path, limit):
             problems.append(Problem(located.line_of(at), _dotted(at), msg))
     if not problems:
         problems += _length_problems(sla, located)
@@ -1460,9 +1462,17 @@ def _longest(count: Any) -> int | None:
     return None
 
 
-def _context_limit(sla: Sla) -> int | None:
-    """The engine's context length: ``engine.params.max_model_len``, else the model's own."""
-    fixed = sla.engine.settings().get("max_model_len")  # engine.params or engine.args
+def _roles(sla: Sla) -> OptionRoles:
+    """The option roles of the SLA's engine kind (validation resolves the kind it checks)."""
+    return registry.get(sla.engine.kind).roles
+
+
+def context_limit(sla: Sla, roles: OptionRoles) -> int | None:
+    """The engine's context length: the option of the context-length role in ``roles`` (vLLM:
+    ``max_model_len``) as the SLA sets it, else the model's own. Load plans fit dataset
+    prompts to it."""
+    option = roles.context_length
+    fixed = sla.engine.settings().get(option) if option is not None else None  # params, args
     if isinstance(fixed, int) and not isinstance(fixed, bool):
         return fixed
     config: dict[str, Any] = {}
@@ -1481,19 +1491,18 @@ def _context_limit(sla: Sla) -> int | None:
     return value if isinstance(value, int) else None
 
 
-context_limit = _context_limit  # public: load plans fit dataset prompts to it
-
-
 def _length_problems(sla: Sla, located: Located) -> list[Problem]:
     """Requests that no engine of this model can serve: prompt plus output past the context."""
-    limit = _context_limit(sla)
+    roles = _roles(sla)
+    limit = context_limit(sla, roles)
+    named = roles.context_length or "context length"
     prompt = _longest(sla.workload.input_tokens) if sla.workload.input_tokens else None
     output = _longest(sla.workload.output_tokens) if sla.workload.output_tokens else None
     if limit is None or prompt is None:
         return []
     w = sla.workload
     if w.shared_prefix is not None or w.conversation is not None:
-        return _traffic_length_problems(sla, located, limit, prompt, output or 0)
+        return _traffic_length_problems(sla, located, limit, prompt, output or 0, named)
     need = prompt + (output or 0)
     if need <= limit:
         return []
@@ -1503,16 +1512,17 @@ def _length_problems(sla: Sla, located: Located) -> list[Problem]:
             located.line_of(where),
             "workload.input_tokens",
             f"a request of {prompt} prompt + {output or 0} output tokens does not fit the "
-            f"model's context of {limit} tokens (max_model_len)",
+            f"model's context of {limit} tokens ({named})",
         )
     ]
 
 
 def _traffic_length_problems(
-    sla: Sla, located: Located, limit: int, prompt: int, output: int
+    sla: Sla, located: Located, limit: int, prompt: int, output: int, named: str
 ) -> list[Problem]:
     """Shared prefixes and conversations: the longest request is the last turn, which resends
-    the system prompt and every earlier prompt and answer."""
+    the system prompt and every earlier prompt and answer. ``named``: what the engine calls
+    its context length (in the messages)."""
     w = sla.workload
     prefix = w.shared_prefix.tokens if w.shared_prefix else 0
     turns = w.conversation.turns if w.conversation else 1
@@ -1523,7 +1533,7 @@ def _traffic_length_problems(
                 located.line_of(where),
                 "workload.shared_prefix.tokens",
                 f"a system prompt of {prefix} tokens does not fit the model's context of "
-                f"{limit} tokens (max_model_len)",
+                f"{limit} tokens ({named})",
             )
         ]
     need = prefix + turns * (prompt + output)
@@ -1541,7 +1551,7 @@ def _traffic_length_problems(
             f"workload.{key}" + (".turns" if turns > 1 else ""),
             f"{last} needs {need} tokens ({prefix} system prompt + {turns} x ({prompt} prompt + "
             f"{output} output)), more than the model's context of {limit} tokens "
-            "(max_model_len)",
+            f"({named})",
         )
     ]
 

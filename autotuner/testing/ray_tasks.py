@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from autotuner.core.types import ParamValue
+from autotuner.engines.base import EngineAdapter
 from autotuner.search.trial import Level, SearchSettings, TrialResult
 from autotuner.sla.spec import Sla
 
@@ -23,6 +24,7 @@ def fake_trial(
     params: dict[str, ParamValue],
     settings: SearchSettings,
     gpu: bool,
+    adapter: EngineAdapter,
 ) -> tuple[TrialResult, bytes]:
     """Writes an engine log on the worker and returns a result whose numbers come from the
     params; ``max_num_seqs: 0`` kills the worker process instead (a lost worker)."""

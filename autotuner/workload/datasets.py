@@ -14,7 +14,7 @@ Three formats, each record with an optional ``output_tokens`` (the request's out
 named by the key of its first record. Nothing is downloaded. :func:`prepare` tokenizes every
 prompt with the model's own tokenizer (chat prompts through its chat template when it has
 one, else their contents joined by blank lines), drops those that do not fit the context
-(prompt plus output over ``max_model_len``; how many is reported), and orders the rest by a
+(prompt plus output over the context length; how many is reported), and orders the rest by a
 permutation of the workload's seed. Load levels on one engine take the next prompts of that
 order (:class:`DatasetReplay`), so a prompt repeats only when the dataset is used up.
 """
@@ -44,6 +44,11 @@ DatasetFormat = Literal["prompts", "openai-chat", "sharegpt"]
 FORMATS: tuple[DatasetFormat, ...] = ("prompts", "openai-chat", "sharegpt")
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
+
+# The key a replay's context length is written under in result and level files (its
+# ``describe()``): vLLM's option name, from before the engines' options had neutral roles; kept
+# so that the files keep their shape and older readers still find it.
+CONTEXT_KEY = "max_model_len"
 _SHAREGPT_ROLES = {
     "human": "user",
     "user": "user",
@@ -195,11 +200,11 @@ class PreparedDataset:
     prompts: tuple[Prompt, ...]
     records: int
     dropped: int
-    max_model_len: int | None
+    context_len: int | None  # the engine's context length the prompts were fitted to
     rendering: str  # how chat messages became tokens ("": no chat messages)
 
     def note(self) -> str:
-        fit = f" (prompt + output over max_model_len {self.max_model_len})"
+        fit = f" (prompt + output over the context length {self.context_len})"
         chat = f"; chat prompts counted {self.rendering}" if self.rendering else ""
         return (
             f"dataset {Path(self.path).name} ({self.format}): {self.records} records, "
@@ -214,7 +219,7 @@ class PreparedDataset:
             "records": self.records,
             "dropped": self.dropped,
             "used": len(self.prompts),
-            "max_model_len": self.max_model_len,
+            CONTEXT_KEY: self.context_len,
             "chat_rendering": self.rendering,
         }
 
@@ -276,7 +281,7 @@ def _prepared(
     fmt: str,
     model_dir: str,
     api: Api,
-    max_model_len: int | None,
+    context_len: int | None,
     fallback_output: int,
 ) -> PreparedDataset:
     del stamp  # part of the cache key only: a changed file is read again
@@ -320,7 +325,7 @@ def _prepared(
         out = row.output_tokens
         if out is None and row.reply:
             out = max(1, next(reply_lengths))
-        if max_model_len is not None and n_in + (out or fallback_output) > max_model_len:
+        if context_len is not None and n_in + (out or fallback_output) > context_len:
             continue
         if api == "chat":
             msgs = row.messages or (("user", row.prompt or ""),)
@@ -330,7 +335,7 @@ def _prepared(
     if kind == "prompts" and api != "chat":
         rendering = ""  # plain prompts sent as they are
     prepared = PreparedDataset(
-        path, kind, tuple(prompts), len(rows), len(rows) - len(prompts), max_model_len, rendering
+        path, kind, tuple(prompts), len(rows), len(rows) - len(prompts), context_len, rendering
     )
     if not prompts:
         raise DataFileError(f"{path}: no prompt fits: {prepared.note()}")
@@ -342,10 +347,11 @@ def prepare(
     fmt: str,
     model_dir: Path,
     api: Api,
-    max_model_len: int | None,
+    context_len: int | None,
     fallback_output: int,
 ) -> PreparedDataset:
-    """The dataset at ``path`` tokenized and filtered for this model (cached per file).
+    """The dataset at ``path`` tokenized and filtered for this model (cached per file), to
+    requests of at most ``context_len`` tokens (the engine's context length; None: no limit).
 
     ``fallback_output`` is the output length assumed, for the context check, of records that
     give none (the most the workload's ``output_tokens`` asks for).
@@ -360,7 +366,7 @@ def prepare(
         fmt,
         str(model_dir),
         api,
-        max_model_len,
+        context_len,
         fallback_output,
     )
 

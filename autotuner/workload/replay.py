@@ -44,7 +44,7 @@ def file_problems(
                             raise DataFileError(
                                 f"{path}: {row.where}: output_tokens {row.output_tokens} "
                                 f"leaves no room for a prompt in the model's context of "
-                                f"{limit} tokens (max_model_len)"
+                                f"{limit} tokens (the engine's context length)"
                             )
             except DataFileError as exc:
                 problems.append((at, str(exc)))
@@ -77,7 +77,7 @@ def _most_output(workload: Any) -> int:
 def replay_of(sla: Any, model_dir: Path, limit: int | None) -> Replay | None:
     """The dataset or trace replay of ``sla`` for the model in ``model_dir`` (None: neither).
 
-    ``limit`` is the engine's context length (``max_model_len``). Raises
+    ``limit`` is the engine's context length (vLLM: ``max_model_len``). Raises
     :class:`DataFileError` for an unusable file.
     """
     w = sla.workload

@@ -80,7 +80,8 @@ class Trace:
             if r.input_tokens + r.output_tokens > limit:
                 raise DataFileError(
                     f"{self.path}:{r.line}: {r.input_tokens} input + {r.output_tokens} output "
-                    f"tokens do not fit the model's context of {limit} tokens (max_model_len)"
+                    f"tokens do not fit the model's context of {limit} tokens (the engine's "
+                    "context length)"
                 )
 
     def note(self) -> str:

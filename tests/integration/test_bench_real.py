@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotuner.engines import registry
 from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.measure.bench import build_plan
 from autotuner.measure.evaluate import evaluate
@@ -167,7 +168,8 @@ def test_engine_killed_mid_load_gives_counted_failures(
                 (20, 5)
             ] * 4
 
-            plan = build_plan(sla, tiny_model, Arrival("poisson", rate=4.0))
+            roles = registry.get(sla.engine.kind).roles
+            plan = build_plan(sla, tiny_model, Arrival("poisson", rate=4.0), roles=roles)
             plan = LoadPlan(**{**plan.__dict__, "requests": 60, "warmup_requests": 0})
             killed = asyncio.Event()
 

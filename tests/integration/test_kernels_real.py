@@ -20,7 +20,7 @@ import pytest
 
 from autotuner.bundle.promote import promote
 from autotuner.core.types import ParamValue
-from autotuner.engines import envs
+from autotuner.engines import envs, registry
 from autotuner.measure.kernel_profile import profile_config, worker_traces
 from autotuner.measure.kernels import ALL, KernelBreakdown
 from autotuner.sla.spec import parse_sla
@@ -53,6 +53,7 @@ def test_a_real_profile_fills_the_kernel_panel_and_csv(
         return profile_config(
             {**REAL, **params},
             sla,
+            engine=registry.get(sla.engine.kind),
             python=vllm_python,
             version=version,
             model_dir=tiny_model,

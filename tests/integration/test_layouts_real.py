@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotuner.engines import registry
 from autotuner.search.trial import SearchSettings, run_trial
 from autotuner.sla.spec import parse_sla
 
@@ -52,6 +53,7 @@ def test_two_replicas_share_the_load_and_capacity_per_gpu_counts_both(
         model_dir=tiny_model,
         run_dir=run_dir,
         cuda_devices=None,
+        adapter=registry.get(spec.engine.kind),
         settings=SearchSettings(max_levels=2),
     )
     assert result.status == "complete", (result.reason, result.extra.get("log_tail"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotuner.engines import registry
 from autotuner.search.trial import SearchSettings, run_trial
 from autotuner.sla.spec import parse_sla
 
@@ -56,6 +57,7 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
         model_dir=tiny_model,
         run_dir=tmp_path / "run",
         cuda_devices=None,
+        adapter=registry.get(spec.engine.kind),
         settings=SearchSettings(max_levels=3),
     )
     assert result.status == "complete", (result.reason, result.extra.get("log_tail"))
@@ -109,6 +111,7 @@ def test_a_level_far_above_what_the_engine_serves_is_never_counted_as_met(
         model_dir=tiny_model,
         run_dir=tmp_path / "run",
         cuda_devices=None,
+        adapter=registry.get(spec.engine.kind),
         settings=SearchSettings(max_levels=3, step=64.0),
         say=said.append,
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotuner.engines import registry
 from autotuner.measure.gate import run_gate
 from autotuner.models.w8a8 import int8_copy
 from autotuner.sla.spec import parse_sla
@@ -43,6 +44,7 @@ def test_gate_measures_int8_against_bf16(
     lines: list[str] = []
     result = run_gate(
         sla,
+        engine=registry.get(sla.engine.kind),
         python=vllm_python,
         model_dir=tiny_model,
         baseline={},

@@ -25,6 +25,7 @@ import yaml
 from optuna.trial import TrialState
 
 from autotuner.bundle.summary import render
+from autotuner.engines import registry
 from autotuner.search import placement
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import SearchSettings
@@ -53,6 +54,7 @@ def test_ray_executor_plumbing_with_stand_in_tasks(tmp_path: Path) -> None:
     sla = parse_sla(SLA_TEXT)
     ex = RayExecutor(
         sla,
+        adapter=registry.get(sla.engine.kind),
         python=Path(sys.executable),
         model_dir=tmp_path / "no-model",
         settings=SearchSettings(),
@@ -222,8 +224,9 @@ def test_tune_through_ray_survives_a_lost_worker_and_promotes(
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     # Where launches ran: every finished one recorded its node and span; one at a time here
     # (a CPU launch takes all of the 2-CPU node), and the report shows it.
-    ps = placement.load(study_dir)
+    roles = registry.get("vllm").roles
+    ps = placement.load(study_dir, roles)
     assert {f"trial-{t.number:03d}" for t in done} <= {p.name for p in ps}
     assert all(p.node for p in ps) and placement.problems(ps) == []
     assert placement.side_by_side(ps) == []
-    assert "where launches ran" in render(study, study_dir)
+    assert "where launches ran" in render(study, study_dir, roles)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from autotuner.engines import registry
 from autotuner.engines.vllm.metrics import METRICS
 from autotuner.measure.bench import build_plan
 from autotuner.measure.loadgen import LoadPlan, LoadResult, run_load
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "objectives" / "examples"
 PARAMS = {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 1024}
+ROLES = registry.get("vllm").roles
 
 
 def _sla(tmp_path: Path, name: str, workload: dict[str, Any]) -> Sla:
@@ -81,12 +83,13 @@ def test_a_trace_and_a_dataset_replayed_on_one_engine(
         try:
             levels = []
             for level, speed in enumerate(speeds):
-                plan = build_plan(trace_sla, tiny_model, Arrival("trace", rate=speed), level)
+                at = Arrival("trace", rate=speed)
+                plan = build_plan(trace_sla, tiny_model, at, level, roles=ROLES)
                 monitor = Monitor(endpoint.base_url, engine.processes, None, metrics=METRICS)
                 result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
                 seen = monitor.summary()
                 levels.append((plan, LoadResult(result.plan, result.records, 0.0, 0, seen)))
-            plan = build_plan(data_sla, tiny_model)
+            plan = build_plan(data_sla, tiny_model, roles=ROLES)
             return levels, plan, await run_load(endpoint.base_url, endpoint.model, plan)
         finally:
             await engine.stop()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from autotuner.engines import registry
 from autotuner.measure.bench import build_plan
 from autotuner.measure.cache import cache_note
 from autotuner.measure.loadgen import LoadResult, run_load
@@ -30,6 +31,7 @@ PARAMS = {
     "max_model_len": 512,
     "enable_prefix_caching": True,
 }
+VLLM = registry.get("vllm")
 
 
 def _sla(tmp_path: Path, name: str, workload: dict[str, Any]) -> Path:
@@ -73,7 +75,7 @@ def test_shared_prefixes_hit_the_cache_and_conversations_keep_their_turns(
     engine = tiny_engine(vllm_python, tiny_model, tag, tmp_path / "engine.log", PARAMS)
 
     async def measured(endpoint: Any, plan: Any) -> LoadResult:
-        monitor = Monitor(endpoint.base_url, engine.processes, None)
+        monitor = Monitor(endpoint.base_url, engine.processes, None, metrics=VLLM.metrics)
         result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
         return LoadResult(
             result.plan, result.records, result.duration_s, result.warmup_failed, monitor.summary()
@@ -82,8 +84,8 @@ def test_shared_prefixes_hit_the_cache_and_conversations_keep_their_turns(
     async def scenario() -> tuple[LoadResult, LoadResult]:
         endpoint = await engine.launch()
         try:
-            first = await measured(endpoint, build_plan(shared, tiny_model))
-            second = await measured(endpoint, build_plan(chat, tiny_model))
+            first = await measured(endpoint, build_plan(shared, tiny_model, roles=VLLM.roles))
+            second = await measured(endpoint, build_plan(chat, tiny_model, roles=VLLM.roles))
             return first, second
         finally:
             await engine.stop()

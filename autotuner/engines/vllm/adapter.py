@@ -30,6 +30,7 @@ from autotuner.engines.vllm import profiler as _profiler
 from autotuner.engines.vllm.deploy import VllmDeploy
 from autotuner.engines.vllm.launcher import PYTHON_VAR, SERVER_MODULE, VllmEngine
 from autotuner.engines.vllm.metrics import METRICS
+from autotuner.engines.vllm.roles import ENV_NAMES, ROLES
 
 
 def _device_of(distribution: str, version: str) -> Device:
@@ -62,6 +63,8 @@ class VllmAdapter:
     # Architecture-only models (no weights on disk) load random weights.
     random_weights: Mapping[str, ParamValue] = {"load_format": "dummy"}
     cpu_bind_env: str | None = "VLLM_CPU_OMP_THREADS_BIND"
+    roles = ROLES
+    env_names = ENV_NAMES
     metrics = METRICS
     crash_traits = rules.CRASH_TRAITS
     env_traits = ENV_TRAITS
@@ -114,7 +117,7 @@ class VllmAdapter:
         params: Params,
         hardware: HardwareProfile,
         *,
-        max_model_len: int | None = None,
+        context_len: int | None = None,
         env: Mapping[str, str] | None = None,
         check_free: bool = True,
     ) -> MemoryEstimate:
@@ -122,7 +125,7 @@ class VllmAdapter:
             model_cfg,
             params,
             hardware,
-            max_model_len=max_model_len,
+            max_model_len=context_len,
             env=env,
             check_free=check_free,
         )
@@ -133,11 +136,11 @@ class VllmAdapter:
         *,
         model_cfg: Mapping[str, object],
         hardware: HardwareProfile,
-        max_model_len: int | None,
+        context_len: int | None,
         env: Mapping[str, str] | None = None,
     ) -> list[str]:
         return rules.check(
-            params, model_cfg=model_cfg, hardware=hardware, max_model_len=max_model_len, env=env
+            params, model_cfg=model_cfg, hardware=hardware, max_model_len=context_len, env=env
         )
 
     def memory_claim(self, params: Params, hardware: HardwareProfile) -> MemoryClaim | None:

@@ -126,10 +126,7 @@ def estimate(
         weights_bytes(cfg, params.get("quantization"), dtype=params.get("dtype")) / (tp * pp)
     )
     per_token = math.ceil(
-        kv_bytes_per_token(
-            cfg, params.get("kv_cache_dtype"), dtype=params.get("dtype"), tensor_parallel_size=tp
-        )
-        / pp
+        kv_bytes_per_token(cfg, params.get("kv_cache_dtype"), dtype=params.get("dtype"), tp=tp) / pp
     )
     activations = tokens * 2 * (2 * shape.hidden + 3 * shape.intermediate // tp)
     explicit_kv = parse_token_count(params.get("kv_cache_memory_bytes"))
@@ -180,11 +177,11 @@ def estimate(
         overhead_bytes=overhead,
         kv_budget_bytes=budget,
         kv_bytes_per_token=per_token,
-        block_size=block,
+        kv_block=block,
         kv_tokens=kv_tokens,
-        max_model_len=mml,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=tokens,
+        context_len=mml,
+        slots=seqs,
+        step_tokens=tokens,
         fits=not reason,
         reason=reason,
     )

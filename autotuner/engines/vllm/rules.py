@@ -34,6 +34,7 @@ from autotuner.engines.memory import ModelShape, model_max_len, parse_token_coun
 from autotuner.engines.vllm.defaults import engine_batch_defaults
 from autotuner.engines.vllm.logs import KV_STARVED
 from autotuner.engines.vllm.memory import estimate
+from autotuner.engines.vllm.roles import ROLES
 
 __all__ = ["CRASH_TRAITS", "RULES", "check"]
 
@@ -143,7 +144,7 @@ def _precision(p: Params, ctx: _Ctx) -> list[str]:
 
 
 def _parallel(p: Params, ctx: _Ctx) -> list[str]:
-    layout = Layout.of(p)
+    layout = Layout.of(p, ROLES)
     tp, pp = layout.tp, layout.pp
     out = []
     hw = ctx.hardware

@@ -8,11 +8,13 @@ from typing import Any
 
 from autotuner.bundle.fallback_roles import Pick, hardware_notes, pick
 from autotuner.bundle.report import Fallback
+from autotuner.engines import registry
 from autotuner.search.capability import SettingTraits, traits_of
 from autotuner.search.pareto import Candidate
 from autotuner.space import spaces_dir
 
 TRAITS = traits_of(spaces_dir() / "vllm.yaml")
+ROLES = registry.get("vllm").roles
 
 
 def cand(trial: int, params: dict[str, Any], memory: float, **kw: Any) -> Candidate:
@@ -33,7 +35,7 @@ def roles(picks: list[Pick]) -> list[tuple[int, tuple[str, ...]]]:
 
 def test_an_fp8_config_on_two_gpus_gets_a_fallback_for_each_way_it_can_fail() -> None:
     feasible = [FP8, TP2, SMALL, TP1, BASE]  # ranked best first
-    picks = pick(FP8, [FP8], feasible, BASE, TRAITS, "gpu")
+    picks = pick(FP8, [FP8], feasible, BASE, TRAITS, "gpu", engine_roles=ROLES)
     assert roles(picks) == [
         (2, ("no fp8",)),  # also the next best: listed once
         (3, ("less memory",)),
@@ -49,19 +51,20 @@ def test_a_single_objective_study_lists_its_other_feasible_configs() -> None:
     # "No fallback was measured"; now the next best and the role picks are listed.
     chosen = cand(5, {"max_num_seqs": 128}, 50.0)
     feasible = [chosen, cand(6, {"max_num_seqs": 256}, 55.0), cand(7, {}, 45.0)]
-    picks = pick(chosen, [chosen], feasible, None, TRAITS, "gpu")
+    picks = pick(chosen, [chosen], feasible, None, TRAITS, "gpu", engine_roles=ROLES)
     assert roles(picks) == [(7, ("less memory",)), (6, ("next best",))]
 
 
 def test_lossy_configs_other_than_the_promoted_one_are_no_fallbacks() -> None:
     chosen = cand(8, {"max_num_seqs": 64}, 50.0)
     other_fp8 = cand(9, {"kv_cache_dtype": "fp8"}, 30.0)  # less memory, but never gated
-    picks = pick(chosen, [chosen, other_fp8], [chosen, other_fp8, BASE], BASE, TRAITS, "gpu")
+    feasible = [chosen, other_fp8, BASE]
+    picks = pick(chosen, [chosen, other_fp8], feasible, BASE, TRAITS, "gpu", engine_roles=ROLES)
     assert roles(picks) == [(0, ("engine defaults",))]
 
 
 def test_the_baseline_stays_last_with_every_role_it_fills() -> None:
-    picks = pick(FP8, [FP8], [FP8, BASE], BASE, TRAITS, "gpu")
+    picks = pick(FP8, [FP8], [FP8, BASE], BASE, TRAITS, "gpu", engine_roles=ROLES)
     assert roles(picks) == [(0, ("no fp8", "fewer GPUs", "engine defaults"))]
     assert picks[0].title == "baseline (engine defaults): no fp8, fewer GPUs"
 

@@ -16,6 +16,7 @@ from autotuner.bundle.lossy_tier import lossy_tier_md
 from autotuner.bundle.promote import Context, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
+from autotuner.engines import registry
 from autotuner.measure.quality import DUMMY_WEIGHTS, GateResult
 from autotuner.records.lossy import LossyTier, TierWinner
 from autotuner.records.manifest import Manifest
@@ -124,7 +125,10 @@ def study(tmp_path: Path, sc: Scenario, *, allow: bool = True, unmeasured: bool 
     kv = ParamSpec("kv_cache_dtype", "categorical", choices=("auto", "fp8"), default="auto")
     source = str(spaces_dir() / "vllm.yaml")  # declares kv_cache_dtype fp8 as lossy
     space = SearchSpace("vllm", "0.32.0", "cpu", [seqs, kv], dict(FIXED), source=source)
-    return Context(sla, st, study_dir, space, hw, model_dir, "vllm 0.32.0", tmp_path / "py", url)
+    vllm = registry.get("vllm")
+    return Context(
+        sla, st, study_dir, space, hw, model_dir, "vllm 0.32.0", tmp_path / "py", url, vllm
+    )
 
 
 CONFIRM = {"baseline": [10.0, 10.2, 9.8], "lossless": [20.0, 20.4, 19.6], "lossy": [30.0] * 3}
@@ -178,7 +182,8 @@ def test_a_lossy_winner_that_passes_the_gate_is_promoted_and_both_are_shown(
     on_disk = json.loads((ctx.study_dir / "promoted" / "optimization_manifest.json").read_text())
     assert on_disk["lossy_tier"]["promoted"] == "lossy"
     # `autotuner report` and the reprint of a finished study say it too.
-    assert "lossy tier: promoted the lossy winner trial-2" in render(ctx.study, ctx.study_dir)
+    report = render(ctx.study, ctx.study_dir, ctx.engine.roles)
+    assert "lossy tier: promoted the lossy winner trial-2" in report
     typed = Manifest.read(ctx.study_dir / "promoted" / "optimization_manifest.json")
     assert any(line.startswith("lossy tier: promoted") for line in rerun.describe(typed, 3))
     assert any(s.startswith("lossy tier: best lossy trial-2") for s in said)

@@ -23,6 +23,7 @@ import pytest
 from autotuner.bundle.promote import Context, _replicate, candidates, confirm, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
+from autotuner.engines import registry
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import CapacityRecord
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
@@ -41,6 +42,7 @@ tune: {confirm: {candidates: 1, replicates: REPLICATES, min_effect: 0.05}}
 """
 FIXED = {"enforce_eager": True}
 ENGINE = "vllm 0.32.0 (cpu)"
+VLLM = registry.get("vllm")
 # Launch order of the search: baseline, then these candidates (1 is pruned, 128 crashes).
 CANDIDATES = [4, 1, 128, 32]
 DEFAULT_SEQS = 16  # what the engine uses when max_num_seqs is not set (the baseline)
@@ -173,7 +175,7 @@ def _study(tmp_path: Path, sc: Scenario, sla_text: str = SLA, budget: int = 4) -
     model_dir.mkdir()
     (model_dir / "config.json").write_text('{"model_type": "llama"}')
     py = tmp_path / "python"
-    return Context(sla, study, study_dir, _space(), _hardware(), model_dir, ENGINE, py, url)
+    return Context(sla, study, study_dir, _space(), _hardware(), model_dir, ENGINE, py, url, VLLM)
 
 
 def _read_manifest(study_dir: Path) -> dict[str, Any]:
@@ -263,7 +265,7 @@ def test_a_confirmed_win_promotes_the_candidate_and_writes_the_bundle(tmp_path: 
     assert "--max-num-seqs" in (bundle / "deploy" / "k8s.yaml").read_text()
     assert not (ctx.study_dir / "no_promotion.json").exists()
     # The study remembers the promotion: `autotuner report` shows it.
-    text = render(ctx.study, ctx.study_dir)
+    text = render(ctx.study, ctx.study_dir, VLLM.roles)
     assert "promoted: trial-4 (trial 4)" in text
     assert '"max_num_seqs": 32' in text
 
@@ -285,7 +287,7 @@ def test_a_win_within_the_noise_keeps_the_baseline(tmp_path: Path) -> None:
     assert "Promoted: **baseline (engine defaults)**" in plan
     assert "trial 4 (Pareto point)" in plan  # the unconfirmed candidate is a fallback
     assert "--max-num-seqs" not in (bundle / "deploy" / "serve.sh").read_text()
-    assert "promoted: baseline (trial 0)" in render(ctx.study, ctx.study_dir)
+    assert "promoted: baseline (trial 0)" in render(ctx.study, ctx.study_dir, VLLM.roles)
 
 
 def test_a_second_promotion_replaces_the_bundle_whole(tmp_path: Path) -> None:
@@ -313,7 +315,7 @@ def test_nothing_feasible_promotes_nothing_and_confirms_nothing(tmp_path: Path) 
     assert saved["promoted"] is None and saved["pareto_front"] == []
     assert {d["trial"] for d in saved["decisions"]["infeasible"]} == {0, 1, 4}
     assert any("nothing to promote" in s for s in said)
-    assert "no promotion yet" in render(ctx.study, ctx.study_dir)
+    assert "no promotion yet" in render(ctx.study, ctx.study_dir, VLLM.roles)
 
 
 def test_baseline_that_failed_to_start_promotes_the_best_ranked_candidate(tmp_path: Path) -> None:
@@ -369,7 +371,7 @@ def test_no_candidate_ahead_by_more_than_the_resolution_spends_no_launch(tmp_pat
     assert "(mean of" not in plan and "| capacity | 1.00 req/s (single run) |" in plan
     # The 2 % lead is inside the resolution: no "SLA violated above" trigger claims it.
     assert "violated above" not in plan
-    text = render(ctx.study, ctx.study_dir)
+    text = render(ctx.study, ctx.study_dir, VLLM.roles)
     assert "confirmation: none run (no launch spent)" in text
 
 
@@ -430,9 +432,9 @@ def test_a_replicate_that_reached_no_met_level_is_unknown_not_a_miss() -> None:
     level = _level(2.2, 2.0, 150.0, 100.0)
     cap = CapacityRecord(value=0.0, low=0.0, high=2.2, unit="req/s", stopped_by="budget")
     res = TrialResult({}, "complete", "rate", (level,), None, capacity=cap)
-    assert _replicate("baseline", 0, res, "d").capacity is None
+    assert _replicate("baseline", 0, res, "d", VLLM.roles).capacity is None
     missed = cap.model_copy(update={"stopped_by": "infeasible_at_start"})
-    rep = _replicate("baseline", 0, dataclasses.replace(res, capacity=missed), "d")
+    rep = _replicate("baseline", 0, dataclasses.replace(res, capacity=missed), "d", VLLM.roles)
     assert rep.capacity == 0.0 and not rep.feasible
 
 

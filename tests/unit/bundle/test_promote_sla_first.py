@@ -110,7 +110,7 @@ def test_the_quick_start_on_a_busy_machine_promotes_the_config_that_met_the_sla(
     assert "2.95 req/s (mean of the 1 of 3 replicates that met the SLA)" in plan
     assert "0.98" not in plan and "(mean of 3 replicates) | 3.79" not in plan
     assert "not compared: decided on the SLA (baseline missed the SLA in 2 of 3 replicates)" in plan
-    text = render(ctx.study, ctx.study_dir)
+    text = render(ctx.study, ctx.study_dir, ctx.engine.roles)
     assert "confirmed capacity of baseline: 2.95 req/s where it met the SLA (mean of 1 of 3" in text
     assert "promoted: trial-4 (trial 4)" in text
     notes = _chart_notes((bundle / "pareto.svg").read_text())
@@ -173,7 +173,7 @@ def test_nothing_met_the_sla_is_said_once_and_every_file_agrees(tmp_path: Path) 
     assert "No confirmed config meets the SLA." in html
     # The page's Pareto chart carries the same notes (each short enough for one line).
     assert "not promoted: trial 4 missed the SLA at its own load in 1 of 3" in html
-    text = render(ctx.study, ctx.study_dir)
+    text = render(ctx.study, ctx.study_dir, ctx.engine.roles)
     assert "confirmed capacity of baseline: 2.95 req/s where it met the SLA" in text
 
 

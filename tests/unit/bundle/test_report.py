@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,9 @@ from autotuner.bundle.report import (
     pareto_svg,
     trigger_sentences,
 )
+from autotuner.engines import registry
+
+ROLES = registry.get("vllm").roles  # the options the triggers watch
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -263,6 +267,7 @@ def test_triggers_for_a_smaller_config_without_fp8() -> None:
         promoted_params=PROMOTED_PARAMS,
         promoted_metrics=PROMOTED_METRICS,
         is_baseline=False,
+        roles=ROLES,
     )
     assert len(out) == 3
     assert "out of memory" in out[0] and "max_num_seqs 128 instead of 256" in out[0]
@@ -278,6 +283,7 @@ def test_triggers_for_a_faster_config_and_parallelism() -> None:
         promoted_params={**PROMOTED_PARAMS, "tensor_parallel_size": 2},
         promoted_metrics=PROMOTED_METRICS,
         is_baseline=False,
+        roles=ROLES,
     )
     text = "\n".join(out)
     assert "fewer than 2 GPUs" in text
@@ -293,6 +299,7 @@ def test_triggers_baseline_and_fallthrough() -> None:
         promoted_params=PROMOTED_PARAMS,
         promoted_metrics=PROMOTED_METRICS,
         is_baseline=True,
+        roles=ROLES,
     )
     assert out[0].startswith("after an engine version change")
     assert any("fp8" in t for t in out)
@@ -303,6 +310,7 @@ def test_triggers_baseline_and_fallthrough() -> None:
         promoted_params=PROMOTED_PARAMS,
         promoted_metrics=PROMOTED_METRICS,
         is_baseline=False,
+        roles=ROLES,
     )
     assert len(same) == 1 and "another reason" in same[0]
 
@@ -371,7 +379,12 @@ def test_pareto_csv_and_svg_say_which_figures_were_confirmed() -> None:
 def test_no_load_trigger_where_confirmation_already_decided() -> None:
     faster = {"capacity": 30.0, "goodput": 30.0, "p99_ttft_ms": 260.0}
     promoted = {**PROMOTED_METRICS, "capacity": 24.0}
-    args = {"promoted_params": PROMOTED_PARAMS, "promoted_metrics": promoted, "is_baseline": False}
+    args: dict[str, Any] = {
+        "promoted_params": PROMOTED_PARAMS,
+        "promoted_metrics": promoted,
+        "is_baseline": False,
+        "roles": ROLES,
+    }
     text = "\n".join(trigger_sentences(PROMOTED_PARAMS, faster, **args))
     assert "SLA is violated above 24.00 req/s (the promoted config's measured capacity)" in text
     settled = "\n".join(trigger_sentences(PROMOTED_PARAMS, faster, **args, rate_settled=True))

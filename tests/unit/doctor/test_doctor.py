@@ -20,12 +20,18 @@ from autotuner.doctor import features, host
 from autotuner.doctor.engine_findings import torch_findings
 from autotuner.doctor.gpu import SMI_APPS_ARGV, SMI_GPU_ARGV, GpuScan, scan
 from autotuner.doctor.gpu_findings import gpu_findings
+from autotuner.doctor.run import memory_share
 from autotuner.doctor.torchprobe import TorchFacts
+from autotuner.engines import registry
 from autotuner.records.doctor import DoctorReport, Finding, exit_code_of
 from autotuner.sla.spec import parse_sla
 from tests.unit.core.test_hardware import H200_TOTAL, FakeNvml, h200
 
 GIB = 1 << 30
+VLLM = registry.get("vllm")
+# vLLM's memory share option and its default, as the doctor asks the adapter for them.
+SHARE = memory_share(VLLM, HardwareProfile("cpu", CpuInfo("x", 1, 1, GIB, GIB)))
+OPTION = SHARE.option
 
 
 class DoctorNvml(FakeNvml):
@@ -68,7 +74,7 @@ def test_a_healthy_h200_is_all_ok() -> None:
     assert g.name == "NVIDIA H200"
     assert g.compute_capability == (9, 0)
     assert g.memory_total == H200_TOTAL == 143771 << 20
-    found = by_check(gpu_findings(gpus, mem_util=None))
+    found = by_check(gpu_findings(gpus, mem_util=None, share=SHARE))
     assert all(f.status == "ok" for f in found.values()), found
     assert "CUDA up to 12.8" in found["driver"].found
     assert "sm_90" in found["gpu0"].found
@@ -90,7 +96,7 @@ def test_a_healthy_h200_is_all_ok() -> None:
 )
 def test_gpu_problems(extra: dict[str, Any], check: str, status: str, words: str) -> None:
     gpus = scan(None, nvml=DoctorNvml([h200("GPU-aaaa", **extra)]))
-    f = by_check(gpu_findings(gpus, mem_util=None))[check]
+    f = by_check(gpu_findings(gpus, mem_util=None, share=SHARE))[check]
     assert f.status == status
     assert words in f.found
     assert f.action
@@ -100,22 +106,23 @@ def test_memory_held_by_others_below_what_the_engine_asks_is_fatal() -> None:
     held = 30 * GIB
     dev = h200("GPU-aaaa", free=H200_TOTAL - held, procs=[(77, held)])
     gpus = scan(["GPU-aaaa"], nvml=DoctorNvml([dev]))
-    assert by_check(gpu_findings(gpus, mem_util=0.9))["gpu0.memory"].status == "fatal"
+    assert by_check(gpu_findings(gpus, mem_util=0.9, share=SHARE))["gpu0.memory"].status == "fatal"
     # a lower utilisation fits beside it: only a warning
-    assert by_check(gpu_findings(gpus, mem_util=0.7))["gpu0.memory"].status == "warning"
+    found = by_check(gpu_findings(gpus, mem_util=0.7, share=SHARE))
+    assert found["gpu0.memory"].status == "warning"
     # an engine checked without an SLA: the default 0.92 may not be what runs
-    unknown = by_check(gpu_findings(gpus, mem_util=None))["gpu0.memory"]
+    unknown = by_check(gpu_findings(gpus, mem_util=None, share=SHARE))["gpu0.memory"]
     assert unknown.status == "warning" and "less than gpu_memory_utilization 0.92" in unknown.found
 
 
 def test_missing_gpu_and_no_driver_are_fatal() -> None:
     gpus = scan(["3"], nvml=DoctorNvml([h200("GPU-aaaa")]))
     assert gpus.missing == ("3",)
-    f = gpu_findings(gpus, mem_util=None)[0]
+    f = gpu_findings(gpus, mem_util=None, share=SHARE)[0]
     assert f.status == "fatal"
     assert "GPU 3 not found" in f.found and "NVIDIA H200 (GPU-aaaa)" in f.found
     broken = scan(["0"], nvml=DoctorNvml([], init_fails=True))
-    (f,) = gpu_findings(broken, mem_util=None)
+    (f,) = gpu_findings(broken, mem_util=None, share=SHARE)
     assert f.status == "fatal"
     assert "Driver Not Loaded" in f.found
 
@@ -150,7 +157,8 @@ def test_nvidia_smi_fallback_with_a_fixed_argv() -> None:
     assert (g.pcie_gen, g.pcie_gen_max, g.pcie_width, g.pcie_width_max) == (1, 5, 16, 16)
     assert g.ecc_current is True and g.mig_current is False
     assert [(p.pid, p.used_bytes) for p in g.processes] == [(999, 600 << 20)]
-    assert by_check(gpu_findings(gpus, mem_util=None))["gpu0.memory"].status == "warning"
+    found = by_check(gpu_findings(gpus, mem_util=None, share=SHARE))
+    assert found["gpu0.memory"].status == "warning"
 
 
 def test_nvidia_smi_missing_is_reported() -> None:
@@ -159,7 +167,7 @@ def test_nvidia_smi_missing_is_reported() -> None:
 
     gpus = scan(None, smi=smi)
     assert gpus.error == "nvidia-smi not found on PATH"
-    assert gpu_findings(gpus, mem_util=None)[0].status == "fatal"
+    assert gpu_findings(gpus, mem_util=None, share=SHARE)[0].status == "fatal"
 
 
 # --------------------------------------------------------------------------- torch
@@ -257,7 +265,7 @@ def gpu_sla(engine: dict[str, Any] | None = None, **sections: Any) -> Any:
 
 
 def feature(sla: Any, version: str, hw: HardwareProfile) -> dict[str, Finding]:
-    return by_check(features.feature_findings(sla, version, hw)[0])
+    return by_check(features.feature_findings(sla, version, hw, VLLM)[0])
 
 
 def test_fp8_below_89_is_fatal_and_fine_on_hopper() -> None:
@@ -304,7 +312,7 @@ def test_kernels_the_gpu_cannot_run(
     env: dict[str, str], params: dict[str, Any], cc: tuple[int, int], words: str
 ) -> None:
     found = features.feature_findings(
-        gpu_sla({"env": env, "params": params}), "0.26.0", gpu_hw(cc)
+        gpu_sla({"env": env, "params": params}), "0.26.0", gpu_hw(cc), VLLM
     )[0]
     fatal = [f for f in found if f.status == "fatal"]
     assert len(fatal) == 1 and words in fatal[0].found, found
@@ -347,12 +355,12 @@ def test_cores_for_the_engine() -> None:
     cpu = CpuInfo(
         model="x", cores=2, logical_cpus=2, memory_total=24 * GIB, memory_available=20 * GIB
     )
-    gpu = by_check(host.cpu_findings(cpu, device="gpu", ranks=2, mem_util=None))
+    gpu = by_check(host.cpu_findings(cpu, device="gpu", ranks=2, mem_util=None, option=OPTION))
     assert gpu["host.cpu"].status == "warning" and "at least 4" in gpu["host.cpu"].found
-    on_cpu = by_check(host.cpu_findings(cpu, device="cpu", ranks=1, mem_util=0.3))
+    on_cpu = by_check(host.cpu_findings(cpu, device="cpu", ranks=1, mem_util=0.3, option=OPTION))
     assert on_cpu["host.cpu"].status == "ok"
     assert on_cpu["host.memory"].status == "ok"
-    hungry = by_check(host.cpu_findings(cpu, device="cpu", ranks=1, mem_util=0.95))
+    hungry = by_check(host.cpu_findings(cpu, device="cpu", ranks=1, mem_util=0.95, option=OPTION))
     assert hungry["host.memory"].status == "warning"
 
 

@@ -256,6 +256,18 @@ def test_crash_traits_are_consistent(adapter: EngineAdapter) -> None:
     assert t.memory_params <= space_params(adapter) | {"max_model_len", "kv_cache_memory_bytes"}
 
 
+def test_roles_name_options_the_engine_has(adapter: EngineAdapter) -> None:
+    # Code outside the engine's package spells its options only through these roles.
+    known = space_params(adapter) | set(adapter.options)
+    named = adapter.roles.named()
+    assert {role: name for role, name in named.items() if name not in known} == {}
+    assert len(set(named.values())) == len(named)  # one option plays one role
+    # The variables the doctor reads are ones an SLA may set (the cache root is the host's).
+    names = adapter.env_names
+    for var in (names.attention_backend, names.flash_attention_version):
+        assert var is None or var in adapter.env_vars
+
+
 # --------------------------------------------------------------------------- defaults, memory
 
 
@@ -271,10 +283,10 @@ def test_defaults_per_device_name_space_parameters(adapter: EngineAdapter, devic
 def test_memory_hooks(adapter: EngineAdapter) -> None:
     cfg = synth.ARCHS["tiny-llama"].config()
     for hw in (cpu_profile(), gpu_profile()):
-        est = adapter.estimate_memory(cfg, {}, hw, max_model_len=1024)
+        est = adapter.estimate_memory(cfg, {}, hw, context_len=1024)
         assert isinstance(est, MemoryEstimate) and est.device == hw.device
         assert est.fits, est.reason
-        assert adapter.check({}, model_cfg=cfg, hardware=hw, max_model_len=1024) == []
+        assert adapter.check({}, model_cfg=cfg, hardware=hw, context_len=1024) == []
     assert adapter.memory_claim({}, cpu_profile()) is None
     claim = adapter.memory_claim({}, gpu_profile())
     assert claim is not None and claim.gib > 0 and claim.how

@@ -21,7 +21,7 @@ from autotuner.engines.base import (
     LaunchCause,
     LaunchSpec,
 )
-from autotuner.engines.layout import Layout, resolve_mode
+from autotuner.engines.layout import Layout, devices_used, resolve_mode
 from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs
 from autotuner.measure.loadgen import run_load
 from autotuner.models import synth
@@ -41,6 +41,8 @@ from .test_memory import gpu_profile
 
 ROOT = Path(__file__).resolve().parents[3]
 GIB = 2**30
+VLLM = registry.get("vllm")
+ROLES = VLLM.roles
 SLA_BASE = {
     "model": {"synth": "tiny-llama"},
     "workload": {
@@ -61,14 +63,14 @@ def sla_of(**sections: Any) -> Any:
 
 def test_layout_counts_devices_and_replicas() -> None:
     params = {"tensor_parallel_size": 2, "data_parallel_size": 2}
-    assert Layout.of(params).devices == 4 and Layout.of(params).replicas == 1
-    replicas = Layout.of(params, "replicas")
+    assert Layout.of(params, ROLES).devices == 4 and Layout.of(params, ROLES).replicas == 1
+    replicas = Layout.of(params, ROLES, "replicas")
     assert replicas.replicas == 2 and replicas.ranks == 2
     assert replicas.describe() == "TP=2 x DP=2 (4 GPUs, 2 replicas)"
     assert replicas.engine_params(params) == {"tensor_parallel_size": 2}
-    assert Layout.of(params).engine_params(params) == params  # the engine's own flag
-    assert gpus_needed(params) == 4
-    assert gpus_needed({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 4
+    assert Layout.of(params, ROLES).engine_params(params) == params  # the engine's own flag
+    assert gpus_needed(params, ROLES) == 4
+    assert gpus_needed({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, ROLES) == 4
 
 
 def test_replicas_get_disjoint_device_slices() -> None:
@@ -210,7 +212,7 @@ def test_data_parallel_and_baseline_in_the_sla() -> None:
 
 def _reasons(params: dict[str, Any], hw: HardwareProfile, arch: str = "llama-3.1-8b") -> list[str]:
     cfg = synth.ARCHS[arch].config()
-    return rules.check(params, model_cfg=cfg, hardware=hw, max_model_len=4096)
+    return rules.check(params, model_cfg=cfg, hardware=hw, context_len=4096, engine=VLLM)
 
 
 def test_a_layout_past_the_gpus_is_dropped_with_why() -> None:
@@ -241,15 +243,15 @@ def test_memory_is_per_gpu_and_70b_needs_two_h200s() -> None:
     cfg = synth.ARCHS["llama-3.1-70b"].config()
     adapter = registry.get("vllm")
     hw = gpu_profile(count=4)
-    one = adapter.estimate_memory(cfg, {"tensor_parallel_size": 1}, hw, max_model_len=4096)
-    two = adapter.estimate_memory(cfg, {"tensor_parallel_size": 2}, hw, max_model_len=4096)
-    pp2 = adapter.estimate_memory(cfg, {"pipeline_parallel_size": 2}, hw, max_model_len=4096)
+    one = adapter.estimate_memory(cfg, {"tensor_parallel_size": 1}, hw, context_len=4096)
+    two = adapter.estimate_memory(cfg, {"tensor_parallel_size": 2}, hw, context_len=4096)
+    pp2 = adapter.estimate_memory(cfg, {"pipeline_parallel_size": 2}, hw, context_len=4096)
     assert not one.fits and two.fits
     assert two.weights_bytes == pytest.approx(one.weights_bytes / 2, abs=1)
     assert pp2.weights_bytes == two.weights_bytes  # a stage holds half the layers
     # data parallel copies each hold the whole of their own: nothing changes per GPU
     dp2 = adapter.estimate_memory(
-        cfg, {"tensor_parallel_size": 2, "data_parallel_size": 2}, hw, max_model_len=4096
+        cfg, {"tensor_parallel_size": 2, "data_parallel_size": 2}, hw, context_len=4096
     )
     assert dp2.weights_bytes == two.weights_bytes and dp2.kv_tokens == two.kv_tokens
 
@@ -260,7 +262,8 @@ def test_memory_is_per_gpu_and_70b_needs_two_h200s() -> None:
 def _result(params: dict[str, Any], capacity: float) -> TrialResult:
     level = Level(2.0, True, {}, {}, {}, {}, "level-0.json", verdict="meets")
     cap = CapacityRecord(value=capacity, low=capacity, high=None, unit="req/s", stopped_by="budget")
-    return TrialResult(params, "complete", "rate", (level,), 0, capacity=cap)
+    devices = devices_used(params, ROLES)  # as run_trial records it
+    return TrialResult(params, "complete", "rate", (level,), 0, capacity=cap, devices=devices)
 
 
 def test_capacity_per_gpu_divides_by_the_layout() -> None:
@@ -275,8 +278,8 @@ def test_capacity_per_gpu_divides_by_the_layout() -> None:
 def test_confirmation_compares_per_gpu_when_that_is_the_objective() -> None:
     per_gpu = sla_of(objectives=[{"maximize": "capacity_per_gpu"}])
     plain = sla_of()
-    assert per_gpu_scale(per_gpu, {"tensor_parallel_size": 2}) == 0.5
-    assert per_gpu_scale(plain, {"tensor_parallel_size": 2}) == 1.0
+    assert per_gpu_scale(per_gpu, {"tensor_parallel_size": 2}, ROLES) == 0.5
+    assert per_gpu_scale(plain, {"tensor_parallel_size": 2}, ROLES) == 1.0
     r = Replicate("trial-1", 0, 13.0, 12.0, 14.0, "resolution", None, True, {}, "x")
     scaled = per_gpu_replicate(r, 0.5)
     assert (scaled.capacity, scaled.low, scaled.high) == (6.5, 6.0, 7.0)
@@ -285,13 +288,19 @@ def test_confirmation_compares_per_gpu_when_that_is_the_objective() -> None:
 # --------------------------------------------------------------------------- deploy
 
 
+def _deploy_context(sla: Any, hw: HardwareProfile, tmp_path: Path) -> Context:
+    """What the deploy files need of a promotion (no study, no space)."""
+    rest: Any = (None, tmp_path, None, hw, tmp_path / "m", "0.26.0", tmp_path / "py", "")
+    return Context(sla, *rest, VLLM)
+
+
 def test_deploy_renders_replicas_with_their_gpus_and_ports(tmp_path: Path) -> None:
     sla = sla_of(
         target={"gpus": 4},
         search={"data_parallel": "replicas", "params": {"data_parallel_size": {"values": [1, 2]}}},
     )
     hw = gpu_profile(count=4)
-    ctx = Context(sla, None, tmp_path, None, hw, tmp_path / "m", "0.26.0", tmp_path / "py", "")  # type: ignore[arg-type]
+    ctx = _deploy_context(sla, hw, tmp_path)
     chosen = Candidate(1, (1.0,), True, params={"tensor_parallel_size": 2, "data_parallel_size": 2})
     out = tmp_path / "deploy"
     out.mkdir()
@@ -325,7 +334,7 @@ def test_deploy_renders_replicas_with_their_gpus_and_ports(tmp_path: Path) -> No
 def test_deploy_passes_the_engine_flag_for_engine_data_parallelism(tmp_path: Path) -> None:
     sla = sla_of(target={"gpus": 4})
     hw = gpu_profile(count=4)
-    ctx = Context(sla, None, tmp_path, None, hw, tmp_path / "m", "0.26.0", tmp_path / "py", "")  # type: ignore[arg-type]
+    ctx = _deploy_context(sla, hw, tmp_path)
     chosen = Candidate(1, (1.0,), True, params={"tensor_parallel_size": 2, "data_parallel_size": 2})
     out = tmp_path / "deploy"
     out.mkdir()
@@ -392,7 +401,7 @@ def test_the_study_report_shows_capacity_per_gpu(tmp_path: Path) -> None:
 
     sc = Scenario(confirm={})
     ctx = _study(tmp_path, sc)
-    text = render(ctx.study, ctx.study_dir)
+    text = render(ctx.study, ctx.study_dir, ROLES)
     header = next(line for line in text.splitlines() if "bracket" in line)
     assert "per GPU" in header
     # One-engine configs on a CPU target: capacity per GPU (per engine rank) is the capacity.

@@ -118,10 +118,10 @@ def test_kv_bytes_per_token(arch: str, expected: int) -> None:
 
 def test_kv_bytes_per_rank_with_tensor_parallelism() -> None:
     c = cfg("llama-3.1-8b")  # 8 KV heads
-    assert kv_bytes_per_token(c, tensor_parallel_size=2) == 131072 // 2
-    assert kv_bytes_per_token(c, tensor_parallel_size=8) == 131072 // 8
+    assert kv_bytes_per_token(c, tp=2) == 131072 // 2
+    assert kv_bytes_per_token(c, tp=8) == 131072 // 8
     # More ranks than KV heads: each rank keeps one (replicated) head.
-    assert kv_bytes_per_token(c, tensor_parallel_size=16) == 131072 // 8
+    assert kv_bytes_per_token(c, tp=16) == 131072 // 8
 
 
 # --------------------------------------------------------------------------- real logs
@@ -141,7 +141,7 @@ def test_h200_llama_8b_matches_the_logged_kv_cache() -> None:
     assert est.total_bytes == pytest.approx(H200_CUDA_TOTAL, abs=2**20)
     assert est.weights_bytes == 16_060_522_496
     assert est.kv_bytes_per_token == 131072
-    assert est.max_num_batched_tokens == 8192 and est.max_num_seqs == 1024
+    assert est.step_tokens == 8192 and est.slots == 1024
     assert est.kv_tokens == pytest.approx(919_824, rel=0.03)
     assert est.kv_tokens % 16 == 0
     assert est.fits and est.reason == ""
@@ -161,7 +161,7 @@ def test_cpu_tiny_llama_matches_the_logged_kv_cache() -> None:
     assert est.total_bytes == int(17.09 * GIB)  # the NUMA node, not the whole host
     assert est.kv_budget_bytes / GIB == pytest.approx(4.47, rel=0.01)
     assert est.kv_tokens == pytest.approx(2_345_472, rel=0.01)
-    assert est.block_size == 128 and est.kv_tokens % 128 == 0
+    assert est.kv_block == 128 and est.kv_tokens % 128 == 0
     assert est.fits
 
 
@@ -200,8 +200,8 @@ def test_kv_cache_too_small_for_one_sequence() -> None:
     )
     assert 0 < est.kv_tokens < 131072
     # The model's own context length is the default.
-    assert estimate(c, {"gpu_memory_utilization": 0.13}, gpu_profile()).max_model_len == 131072
-    assert estimate(c, {"max_model_len": "8k"}, gpu_profile()).max_model_len == 8000
+    assert estimate(c, {"gpu_memory_utilization": 0.13}, gpu_profile()).context_len == 131072
+    assert estimate(c, {"max_model_len": "8k"}, gpu_profile()).context_len == 8000
 
 
 def test_requested_memory_must_be_free() -> None:
@@ -230,7 +230,7 @@ def test_overhead_follows_eager_mode_and_batch_size() -> None:
 
 def test_concurrent_sequences() -> None:
     est = estimate(cfg("llama-3.1-8b"), {"max_num_seqs": 256}, gpu_profile(), max_model_len=8192)
-    assert est.max_num_seqs == 256
+    assert est.slots == 256
     assert est.max_concurrent_seqs == min(256, est.kv_tokens // 8192)
     assert est.concurrent_seqs(1000) == 256  # short requests: capped by max_num_seqs
     small = estimate(
@@ -254,7 +254,7 @@ def test_chunked_prefill_off_raises_the_token_budget() -> None:
     est = estimate(
         cfg("llama-3.1-8b"), {"enable_chunked_prefill": False}, gpu_profile(), max_model_len=32768
     )
-    assert est.max_num_batched_tokens == 32768
+    assert est.step_tokens == 32768
 
 
 @pytest.mark.parametrize(

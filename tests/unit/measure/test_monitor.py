@@ -10,10 +10,13 @@ from typing import Any
 import psutil
 import pytest
 
+from autotuner.engines import registry
 from autotuner.measure.loadgen import LoadPlan, run_load
 from autotuner.measure.monitor import GpuMemory, Monitor, engine_summary, parse_metrics
 from autotuner.testing.standin import StandinConfig, StandinServer
 from autotuner.workload.requests import Arrival, LengthDist, PromptSource, RequestFactory
+
+METRICS = registry.get("vllm").metrics  # where the readings are in the stand-in's /metrics
 
 TEXT = """
 # HELP vllm:num_preemptions_total Preemptions.
@@ -55,7 +58,7 @@ def test_summary_is_deltas_and_means() -> None:
         "vllm:request_queue_time_seconds_sum": 0.5,
     }
     after = parse_metrics(TEXT)
-    out = engine_summary(before, after, {"kv_cache_usage": 0.4})
+    out = engine_summary(before, after, {"kv_cache_usage": 0.4}, METRICS)
     assert out["preemptions"] == 4.0
     assert out["mean_queue_ms"] == pytest.approx(1000 * 1.5 / 2)
     assert out["peak_kv_cache_usage"] == 0.4
@@ -65,7 +68,7 @@ def test_summary_is_deltas_and_means() -> None:
 def test_prefix_cache_hit_rate_is_over_the_measured_part() -> None:
     before = {"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 900.0}
     after = {"vllm:prefix_cache_queries_total": 3000.0, "vllm:prefix_cache_hits_total": 1400.0}
-    out = engine_summary(before, after, {})
+    out = engine_summary(before, after, {}, METRICS)
     assert out["prefix_cache_queries"] == 2000.0 and out["prefix_cache_hits"] == 500.0
     assert out["prefix_cache_hit_rate"] == pytest.approx(0.25)
 
@@ -86,7 +89,7 @@ def test_monitor_sees_the_run_and_the_memory() -> None:
     async def go() -> Monitor:
         async with StandinServer(cfg) as server:
             me = psutil.Process()
-            monitor = Monitor(server.base_url, lambda: [me], None, interval_s=0.05)
+            monitor = Monitor(server.base_url, lambda: [me], None, 0.05, metrics=METRICS)
             await run_load(server.base_url, cfg.model, plan, around=monitor)
         return monitor
 
@@ -106,7 +109,7 @@ def test_a_run_cancelled_while_leaving_still_closes_the_session() -> None:
     async def go() -> Monitor:
         async with StandinServer(StandinConfig()) as server:
             me = psutil.Process()
-            monitor = Monitor(server.base_url, lambda: [me], None, interval_s=0.05)
+            monitor = Monitor(server.base_url, lambda: [me], None, 0.05, metrics=METRICS)
             await monitor.__aenter__()
 
             async def cancelled() -> dict[str, float]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from autotuner.engines import registry
 from autotuner.measure import gate
 from autotuner.measure.quality import (
     DUMMY_WEIGHTS,
@@ -157,6 +158,7 @@ def test_dummy_weights_are_not_measured_and_nothing_is_launched(
     monkeypatch.setattr(gate, "make_engine", no_launch)
     result = gate.run_gate(
         sla,
+        engine=registry.get(sla.engine.kind),
         python=Path("/nonexistent"),
         model_dir=model,
         baseline={},
@@ -172,8 +174,9 @@ def test_dummy_weights_are_not_measured_and_nothing_is_launched(
 def test_load_format_dummy_is_dummy_even_with_weight_files(tmp_path: Path) -> None:
     model = synth.synthesize("tiny-llama", tmp_path / "tiny")
     sla = sla_yaml(tmp_path, {"path": str(model)}, engine={"params": {"load_format": "dummy"}})
-    assert gate.random_weights(sla, model, {"load_format": "dummy"})
-    assert not gate.random_weights(sla, model, {})
+    engine = registry.get(sla.engine.kind)
+    assert gate.random_weights(engine, model, {"load_format": "dummy"})
+    assert not gate.random_weights(engine, model, {})
 
 
 def test_quality_section_defaults_and_bad_values(tmp_path: Path) -> None:

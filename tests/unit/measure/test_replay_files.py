@@ -10,6 +10,7 @@ import pytest
 
 from autotuner.cli.check import check_main
 from autotuner.cli.main import main
+from autotuner.engines import registry
 from autotuner.measure.bench import build_plan
 from autotuner.models import synth
 from autotuner.sla.spec import SlaError, load_sla, parse_sla
@@ -394,7 +395,8 @@ def test_a_trace_plan_replays_the_trace_at_the_level_speed(tmp_path: Path, tiny:
             tmp_path, tiny, f"{{trace: {EXAMPLES}/azure-trace.csv, arrival: {{process: trace}}}}"
         )
     )
-    plan = build_plan(sla, tiny, Arrival("trace", rate=2.0), level=1)
+    roles = registry.get(sla.engine.kind).roles
+    plan = build_plan(sla, tiny, Arrival("trace", rate=2.0), level=1, roles=roles)
     trace = read_trace(EXAMPLES / "azure-trace.csv")
     assert plan.requests == len(trace.records)  # no requests given: the trace once
     times = [r.time_s / 2 for r in trace.records]

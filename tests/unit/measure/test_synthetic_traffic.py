@@ -17,6 +17,7 @@ import pytest
 from autotuner.bundle.cache_report import cache_lines
 from autotuner.bundle.report import LatencyProfile, latency_breakdown_svg
 from autotuner.cli.main import main
+from autotuner.engines import registry
 from autotuner.measure.cache import cache_note, cached_share
 from autotuner.measure.conversations import ConversationFactory, drive
 from autotuner.measure.loadgen import LoadPlan, RequestRecord, run_load
@@ -239,7 +240,7 @@ def test_engine_summary_has_the_share_of_prompt_tokens_served_from_cache() -> No
         "vllm:prefix_cache_queries_total": 1300.0,
         "vllm:prefix_cache_hits_total": 800.0,
     }
-    out = engine_summary(before, after, {})
+    out = engine_summary(before, after, {}, registry.get("vllm").metrics)
     assert out["prompt_cached_share"] == pytest.approx(0.768)
     assert out["prefix_cache_hit_rate"] == pytest.approx(800 / 1200)
     assert cache_note(out) == "prefix cache 77% of prompt tokens (hit rate 67%)"

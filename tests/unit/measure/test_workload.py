@@ -120,6 +120,7 @@ def test_dataset_rows_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-d
 def test_later_load_levels_send_requests_the_engine_has_not_seen(tmp_path: Path) -> None:
     # Seen on the H200: every level re-sent level 1's prompts, so vLLM's prefix cache served
     # the prefill of levels 2+ (mean prefill 42 ms at level 1, 14 ms at level 2).
+    from autotuner.engines import registry
     from autotuner.measure.bench import build_plan
     from autotuner.sla.spec import parse_sla
 
@@ -130,7 +131,8 @@ def test_later_load_levels_send_requests_the_engine_has_not_seen(tmp_path: Path)
         "  arrival: {process: poisson, rate: 2}}\n"
         "constraints: {p99_ttft_ms: 100}\n"
     )
-    plans = [build_plan(sla, tmp_path, level=k) for k in range(3)]
+    roles = registry.get(sla.engine.kind).roles
+    plans = [build_plan(sla, tmp_path, level=k, roles=roles) for k in range(3)]
     prompts = [
         {tuple(p.factory.make(i).prompt or ()) for i in range(p.requests or 0)} for p in plans
     ]

@@ -21,7 +21,7 @@ from autotuner.bundle import promote as promote_mod
 from autotuner.bundle.promote import promote
 from autotuner.bundle.summary import render
 from autotuner.daemon import jobs
-from autotuner.engines import envs
+from autotuner.engines import envs, registry
 from autotuner.measure.bench import BenchOutcome
 from autotuner.measure.evaluate import Evaluation, Verdict
 from autotuner.measure.loadgen import LoadResult
@@ -305,7 +305,7 @@ def test_a_study_written_before_records_still_reads(tmp_path: Path) -> None:
         (0, True, 2.0),
         (1, False, 4.0),
     ]
-    text = render(study, tmp_path)
+    text = render(study, tmp_path, registry.get("vllm").roles)
     assert "engine vllm 0.31.0" in text and "promoted: trial-1 (trial 1) at t0" in text
     assert "failed (?)" in text  # no cause recorded: shown as before
     # Resuming it with the same identity works; a new trial gets the versioned attributes.
@@ -344,7 +344,7 @@ def test_legacy_trial_json_reads(tmp_path: Path) -> None:
     assert legacy.capacity is not None and legacy.capacity.stopped_by == "legacy"
     assert legacy.capacity.low == legacy.capacity.value == 2.0 and legacy.capacity.high is None
     assert dataclasses.replace(legacy, capacity=None) == _trial_result()
-    assert [p.name for p in placement.load(tmp_path)] == ["trial-000"]
+    assert [p.name for p in placement.load(tmp_path, registry.get("vllm").roles)] == ["trial-000"]
 
 
 # --------------------------------------------------------------------------- newer versions
@@ -389,7 +389,7 @@ def test_readers_fail_on_a_newer_file_with_the_version_error_not_a_key_error(
         jobs.promotion_from(layout, "s", "e", 0.0)
     _write(tmp_path / "trial-000" / "trial.json", newer)
     with pytest.raises(RecordVersionError):
-        placement.load(tmp_path)
+        placement.load(tmp_path, registry.get("vllm").roles)
     _write(tmp_path / "model" / synth.MARKER_NAME, newer)
     with pytest.raises(RecordVersionError):
         synth._read_marker(tmp_path / "model")
@@ -415,7 +415,7 @@ def test_a_trial_of_a_newer_autotuner_stops_the_report(tmp_path: Path) -> None:
         create_trial(values=[1.0, 1.0], user_attrs={"schema_version": 3}, constraints={"c": 0})
     )
     with pytest.raises(RecordVersionError, match="trial 3: trial record has schema_version 3"):
-        render(study, tmp_path)
+        render(study, tmp_path, registry.get("vllm").roles)
     # The daemon's status page says so instead of failing.
     summary = jobs.study_summary(layout, "legacy", "e")
     assert "schema_version 3" in summary["error"] and summary["best_goodput"] is None
@@ -458,7 +458,7 @@ def test_a_manifest_written_by_promote_is_read_back_by_every_reader(tmp_path: Pa
     assert manifest.to_data() == on_disk
     assert manifest.promoted is not None and manifest.promoted.label == "trial-4"
     # `autotuner report`
-    text = render(ctx.study, ctx.study_dir)
+    text = render(ctx.study, ctx.study_dir, ctx.engine.roles)
     assert f"pareto front (ranked): {on_disk['pareto_front']}" in text
     assert 'tuned params: {"max_num_seqs": 32}' in text
     # `autotuner compare-engines`

@@ -18,6 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotuner.engines import registry
 from autotuner.search.executors import Executor, LocalExecutor
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, SearchSettings, TrialResult
@@ -74,6 +75,7 @@ def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Made:
 
     ex = RayExecutor(
         parse_sla(SLA),
+        adapter=registry.get("vllm"),
         python=Path(sys.executable),
         model_dir=tmp_path / "no-model",
         settings=SearchSettings(),

@@ -10,6 +10,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotuner.core.types import ParamValue
+from autotuner.engines import registry
 from autotuner.search.executors import LocalExecutor, gpus_needed
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import TrialResult
@@ -110,6 +111,7 @@ def test_local_executor_runs_in_submission_order(tmp_path: Path) -> None:
 
 
 def test_gpus_needed_counts_tensor_and_pipeline_parallelism() -> None:
-    assert gpus_needed({}) == 1
-    assert gpus_needed({"tensor_parallel_size": 2}) == 2
-    assert gpus_needed({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 4
+    roles = registry.get("vllm").roles
+    assert gpus_needed({}, roles) == 1
+    assert gpus_needed({"tensor_parallel_size": 2}, roles) == 2
+    assert gpus_needed({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, roles) == 4

@@ -12,6 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.bundle.summary import render
+from autotuner.engines import registry
 from autotuner.pipeline.tune import grid_space
 from autotuner.search.study import (
     Budget,
@@ -203,7 +204,7 @@ def test_an_interrupted_point_is_measured_when_resumed_on_another_host(
     said: list[str] = []
     assert release_own(study, said.append) == [cut]
     assert said == [f"trial {cut} was interrupted: failed, and its config queued again"]
-    report = render(study, g.dir)
+    report = render(study, g.dir, registry.get("vllm").roles)
     assert f"trial {cut}'s config, queued again" in report  # not "engine defaults"
     # The next session runs on a machine whose host name differs: nothing is left RUNNING
     # for it to guess about, and the interrupted point is measured.

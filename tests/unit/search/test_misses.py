@@ -19,6 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.bundle.summary import render
+from autotuner.engines import registry
 from autotuner.search.misses import Miss, MissBook, follows_from, taught
 from autotuner.search.priors import SearchPlan
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
@@ -250,7 +251,7 @@ def test_a_miss_prunes_its_worse_neighbours_in_the_loop_and_after_a_resume(
     for i, p in enumerate(launched):
         for m in filter(tpot_missed, launched[:i]):
             assert block(p) != block(m) or p.get("max_num_seqs", 32) <= m["max_num_seqs"]
-    report = render(s, tmp_path)
+    report = render(s, tmp_path, registry.get("vllm").roles)
     row = next(line for line in report.splitlines() if line.lstrip().startswith("2 "))
     assert "pruned" in row and pruned[2] in row
     # A new process on the same storage reads the misses back.

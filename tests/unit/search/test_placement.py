@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from autotuner.engines import registry
 from autotuner.search import placement
+
+ROLES = registry.get("vllm").roles  # which params are the layout's
 
 A, B = "GPU-aaaa", "GPU-bbbb"
 
@@ -37,7 +40,7 @@ def test_two_launches_side_by_side_and_a_two_gpu_candidate(tmp_path: Path) -> No
     _trial(tmp_path, "trial-001", (101, 240), [B])
     _trial(tmp_path, "trial-002", (260, 400), [A, B], params={"tensor_parallel_size": 2})
     (tmp_path / "trial-003").mkdir()  # interrupted before it wrote anything: skipped
-    ps = placement.load(tmp_path)
+    ps = placement.load(tmp_path, ROLES)
     assert [p.name for p in ps] == ["trial-000", "trial-001", "trial-002"]
     assert ps[2].needed == 2 and ps[2].gpus == (A, B)
     pairs = placement.side_by_side(ps)
@@ -52,18 +55,18 @@ def test_contradictions_are_named(tmp_path: Path) -> None:
     _trial(tmp_path, "trial-000", (0, 100), [A])
     _trial(tmp_path, "trial-001", (50, 150), [A], assigned=[B])  # NVML disagrees with Ray
     _trial(tmp_path, "trial-002", (200, 300), [A], params={"tensor_parallel_size": 2})
-    msgs = placement.problems(placement.load(tmp_path))
+    msgs = placement.problems(placement.load(tmp_path, ROLES))
     assert msgs == [
         "trial-001: the engine used GPUs it was not given (GPU-aaaa)",
         "trial-002: needs 2 GPUs, ran on 1",
         "trial-000 and trial-001 ran at the same time on GPU-aaaa",
     ]
-    assert placement.side_by_side(placement.load(tmp_path)) == []
+    assert placement.side_by_side(placement.load(tmp_path, ROLES)) == []
 
 
 def test_nvml_without_pids_falls_back_to_the_assignment(tmp_path: Path) -> None:
     _trial(tmp_path, "trial-000", (0, 100), [], assigned=[A])
     _trial(tmp_path, "trial-001", (10, 90), [], assigned=[B], node="10.0.0.2")
-    ps = placement.load(tmp_path)
+    ps = placement.load(tmp_path, ROLES)
     assert ps[0].gpus == (A,) and ps[0].seen == ()
     assert len(placement.side_by_side(ps)) == 1 and placement.problems(ps) == []

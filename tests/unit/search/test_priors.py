@@ -20,6 +20,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.bundle.summary import render
+from autotuner.engines import registry
 from autotuner.search import study as study_module
 from autotuner.search.priors import (
     SearchPlan,
@@ -449,7 +450,7 @@ def test_hopeless_values_are_pruned_after_the_baseline_and_listed_in_the_report(
         )
     for p in loop.launched:
         assert p.get("max_num_seqs", 32) >= 20 and p.get("performance_mode") != "interactivity"
-    report = render(study, tmp_path)
+    report = render(study, tmp_path, registry.get("vllm").roles)
     for number, reason in pruned.items():
         row = next(line for line in report.splitlines() if line.lstrip().startswith(f"{number} "))
         assert "pruned" in row and reason in row
@@ -571,14 +572,15 @@ def test_the_warm_start_builds_on_a_memory_fix_when_the_defaults_break_the_limit
     space = gpu()
 
     def over(params: Mapping[str, Any]) -> str | None:
-        return memory_limit_reason(params, hw, 130.0)
+        return memory_limit_reason(params, hw, 130.0, registry.get("vllm"))
 
     assert over({}) is not None
     fix = memory_fix(space, over)
     assert fix == {"gpu_memory_utilization": pytest.approx(0.90)}  # the nearest under 130
     assert over(fix) is None and over({"gpu_memory_utilization": 0.91}) is not None
     # Defaults that fit need no fix.
-    assert memory_fix(space, lambda p: memory_limit_reason(p, hw, 139.0)) == {}
+    vllm = registry.get("vllm")
+    assert memory_fix(space, lambda p: memory_limit_reason(p, hw, 139.0, vllm)) == {}
 
     # With no config holding the SLA yet, every warm-start candidate carries the fix.
     plan = SearchPlan(space, parse_sla(SLA), tmp_path, start_from=dict(fix))

@@ -7,11 +7,13 @@ from typing import Any
 import pytest
 
 from autotuner.core.hardware import GIB, CpuInfo, GpuInfo, HardwareProfile
+from autotuner.engines import registry
 from autotuner.engines.base import LaunchCause
 from autotuner.models import synth
 from autotuner.search.rules import CrashMemory, check
 
 H200_TOTAL = 150_754_820_096
+VLLM = registry.get("vllm")
 
 
 def cfg(arch: str = "llama-3.1-8b", **changes: Any) -> dict[str, Any]:
@@ -55,13 +57,15 @@ def reasons(
         params,
         model_cfg=model if model is not None else cfg(),
         hardware=hw if hw is not None else gpus(),
-        max_model_len=max_model_len,
+        context_len=max_model_len,
+        engine=VLLM,
     )
 
 
 def tiny_reasons(params: dict[str, Any], hw: HardwareProfile | None = None) -> list[str]:
     params = {"gpu_memory_utilization": 0.3, **params}
-    return check(params, model_cfg=cfg("tiny-llama"), hardware=hw or cpu(), max_model_len=1024)
+    hw = hw or cpu()
+    return check(params, model_cfg=cfg("tiny-llama"), hardware=hw, context_len=1024, engine=VLLM)
 
 
 def test_a_plain_config_passes() -> None:
@@ -143,9 +147,10 @@ def test_fp8_kv_on_cpu_needs_avx512_or_amx() -> None:
 def test_fp8_kv_on_cpu_needs_head_dim_divisible_by_32() -> None:
     odd = cfg("tiny-llama", head_dim=48)
     params = {"kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.3}
-    (msg,) = check(params, model_cfg=odd, hardware=cpu(), max_model_len=1024)
+    (msg,) = check(params, model_cfg=odd, hardware=cpu(), context_len=1024, engine=VLLM)
     assert "head_dim divisible by 32 (have 48)" in msg
-    assert check(params, model_cfg=cfg("tiny-llama"), hardware=cpu(), max_model_len=1024) == []
+    tiny = cfg("tiny-llama")
+    assert check(params, model_cfg=tiny, hardware=cpu(), context_len=1024, engine=VLLM) == []
 
 
 def test_fp8_weights_are_not_available_on_cpu() -> None:
@@ -214,7 +219,7 @@ CRASHED = {"gpu_memory_utilization": 0.9, "max_num_seqs": 256, "block_size": 16}
 
 
 def oom_memory(detail: str = "torch.OutOfMemoryError: CUDA out of memory") -> CrashMemory:
-    mem = CrashMemory()
+    mem = CrashMemory(traits=VLLM.crash_traits)
     mem.record(CRASHED, LaunchCause.OUT_OF_MEMORY, detail, label="trial 3")
     return mem
 
@@ -239,17 +244,17 @@ def test_other_options_must_match() -> None:
 
 
 def test_missing_options_use_the_defaults() -> None:
-    mem = CrashMemory(defaults={"gpu_memory_utilization": 0.92})
+    mem = CrashMemory(defaults={"gpu_memory_utilization": 0.92}, traits=VLLM.crash_traits)
     mem.record({"max_num_seqs": 256}, "out_of_memory")
     assert mem.near_crash({"max_num_seqs": 256, "gpu_memory_utilization": 0.92}) is not None
     assert mem.near_crash({"max_num_seqs": 256, "gpu_memory_utilization": 0.9}) is None
-    plain = CrashMemory()
+    plain = CrashMemory(traits=VLLM.crash_traits)
     plain.record({"max_num_seqs": 256}, "out_of_memory")
     assert plain.near_crash({"max_num_seqs": 256, "gpu_memory_utilization": 0.95}) is None
 
 
 def test_only_out_of_memory_crashes_block() -> None:
-    mem = CrashMemory()
+    mem = CrashMemory(traits=VLLM.crash_traits)
     mem.record(CRASHED, LaunchCause.CUDA_ERROR, "CUDA error: illegal memory access")
     mem.record(CRASHED, "unknown_flag")
     assert len(mem.crashes) == 2

@@ -14,6 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotuner.engines import registry
 from autotuner.search.study import (
     Budget,
     StudyMismatch,
@@ -35,6 +36,7 @@ objectives: [{maximize: goodput}, {minimize: p99_ttft_ms}]
 """
 FIXED = {"enforce_eager": True}
 IDENTITY = {"engine": "vllm 0.0", "space": "s"}
+VLLM = registry.get("vllm")
 
 
 def surface(params: Mapping[str, Any]) -> TrialResult:
@@ -187,21 +189,16 @@ def test_memory_limit_is_a_hard_constraint_before_launch() -> None:
     gpu = GpuInfo(0, "GPU-x", "H200", (9, 0), 150 * 2**30)
     cpu = CpuInfo("x", 2, 2, 2**34, 2**33)
     hw = HardwareProfile("gpu", cpu, (gpu,))
-    assert memory_limit_reason({"gpu_memory_utilization": 0.8}, hw, 130) is None
-    why = memory_limit_reason({}, hw, 130)  # vLLM's default 0.92 of 150 GiB + 3 = 141 GiB
+    assert memory_limit_reason({"gpu_memory_utilization": 0.8}, hw, 130, VLLM) is None
+    why = memory_limit_reason({}, hw, 130, VLLM)  # vLLM's default 0.92 of 150 GiB + 3 = 141 GiB
     assert why is not None and "141.0 GiB" in why
-    assert (
-        memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 160)
-        is None
-    )
+    tp2 = {"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}
+    assert memory_limit_reason(tp2, hw, 160, VLLM) is None
     # The limit is per GPU: TP=2 at 0.5 takes 78 GiB on each of its GPUs, not 156 together.
-    assert (
-        memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 100)
-        is None
-    )
-    why = memory_limit_reason({"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2}, hw, 70)
+    assert memory_limit_reason(tp2, hw, 100, VLLM) is None
+    why = memory_limit_reason(tp2, hw, 70, VLLM)
     assert why is not None and "78.0 GiB" in why and "per GPU" in why
-    assert memory_limit_reason({}, hw, None) is None
+    assert memory_limit_reason({}, hw, None, VLLM) is None
 
 
 def test_the_sla_gives_the_baseline_its_layout(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from autotuner.engines import registry
 from autotuner.engines.base import Endpoint
 from autotuner.measure.loadgen import LoadPlan, LoadResult, RequestRecord
 from autotuner.records.trial import TrialFile
@@ -128,7 +129,9 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeLoad:
     load = FakeLoad()
     monkeypatch.setattr(trial_mod, "run_load", load)
     monkeypatch.setattr(trial_mod, "Monitor", FakeMonitor)
-    monkeypatch.setattr(trial_mod, "make_engine", lambda sla, py, md, p, log, cuda: FakeEngine(log))
+    monkeypatch.setattr(
+        trial_mod, "make_engine", lambda sla, py, md, p, log, cuda, engine: FakeEngine(log)
+    )
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
@@ -149,6 +152,7 @@ def run(
         model_dir=tmp_path / "model",
         run_dir=tmp_path / "run",
         cuda_devices=None,
+        adapter=registry.get(sla.engine.kind),
         settings=settings or SearchSettings.of(sla),
         say=said.append if said is not None else lambda s: None,
     )
