@@ -67,10 +67,10 @@ SCALAR_METRICS: frozenset[str] = frozenset(
 )
 
 # p<q>_<latency>_ms with q written as digits, optionally with a fraction: p50, p99, p99.9.
-PERCENTILE_METRIC_RE = re.compile(r"^p(?P<q>\d+(?:\.\d+)?)_(?P<base>ttft|tpot|itl|e2e)_ms$")
+PERCENTILE_METRIC_RE = re.compile(r"^p(?P<q>\d+(?:\.\d+)?)_(?P<base>ttft|tpot|itl|e2e)_ms\Z")
 
 # Shapes that look like a percentile key, to give a precise message when a part is wrong.
-_PERCENTILE_SHAPE_RE = re.compile(r"^p(?P<q>\d+(?:\.\d+)?)_(?P<base>[a-z0-9]+)_ms$")
+_PERCENTILE_SHAPE_RE = re.compile(r"^p(?P<q>\d+(?:\.\d+)?)_(?P<base>[a-z0-9]+)_ms\Z")
 
 _COMMON_PERCENTILES = ("50", "90", "95", "99", "99.9")
 
@@ -228,10 +228,10 @@ class _Strict(BaseModel):
 
 # --------------------------------------------------------------------------- model
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SYNTH_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PARAM_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+_SYNTH_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*\Z")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_PARAM_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
 
 
 class ModelSpec(_Strict):
@@ -1483,8 +1483,11 @@ def context_limit(sla: Sla, roles: OptionRoles) -> int | None:
     elif sla.model.path is not None:
         import json
 
-        try:
-            config = json.loads((sla.resolve_path(sla.model.path) / "config.json").read_text())
+        from autotuner.core import confined
+
+        try:  # within the directories a daemon's SLA may read (core.confined)
+            raw = confined.read_bytes(sla.resolve_path(sla.model.path) / "config.json")
+            config = json.loads(raw.decode("utf-8"))
         except (OSError, ValueError, RecursionError):  # _missing_files says what is wrong
             return None
     value = config.get("max_position_embeddings") if isinstance(config, dict) else None
