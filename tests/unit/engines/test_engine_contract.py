@@ -3,6 +3,10 @@
 A new engine kind registers its adapter and gets these tests for free; what cannot be said
 without knowing the engine (sample log tails, a parameter to render) is asked of it in the
 tables below, and a kind missing from them fails loudly.
+
+An engine outside ``autotuner/engines`` (a test-only one) runs the same suite: its test module
+imports these tests and overrides the ``adapter``, ``samples`` and ``space_dir`` fixtures
+(tests/unit/engines/test_standin_engine.py).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import ast
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +106,8 @@ def spec(
     )
 
 
-def space_params(adapter: EngineAdapter) -> set[str]:
-    files = sorted(spaces_dir().glob(f"{adapter.space_name}*.yaml"))
+def space_params(adapter: EngineAdapter, space_dir: Path) -> set[str]:
+    files = sorted(space_dir.glob(f"{adapter.space_name}*.yaml"))
     names: set[str] = set()
     for f in files:
         data = yaml.safe_load(f.read_text())
@@ -111,10 +116,32 @@ def space_params(adapter: EngineAdapter) -> set[str]:
     return names
 
 
+@dataclass(frozen=True)
+class Samples:
+    """What the suite cannot know of an engine: ``logs``, a log tail per launch cause;
+    ``param``, one ordinary option and the command-line words it must become (None: the
+    engine has no entry in the tables)."""
+
+    logs: Mapping[LaunchCause, str] | None
+    param: tuple[dict[str, ParamValue], list[str]] | None
+
+
 @pytest.fixture(params=ADAPTERS, ids=KINDS)
 def adapter(request: pytest.FixtureRequest) -> EngineAdapter:
     a: EngineAdapter = request.param
     return a
+
+
+@pytest.fixture
+def samples(adapter: EngineAdapter) -> Samples:
+    """The adapter's entries in :data:`SAMPLE_LOGS` and :data:`SAMPLE_PARAM`."""
+    return Samples(SAMPLE_LOGS.get(adapter.kind), SAMPLE_PARAM.get(adapter.kind))
+
+
+@pytest.fixture
+def space_dir() -> Path:
+    """The folder the adapter's ``<space_name>*.yaml`` files are in."""
+    return spaces_dir()
 
 
 # --------------------------------------------------------------------------- registry
@@ -146,8 +173,8 @@ def test_registering_a_second_default_is_refused(adapter: EngineAdapter) -> None
     assert "other-engine" not in registry.kinds()
 
 
-def test_every_kind_has_contract_samples(adapter: EngineAdapter) -> None:
-    assert adapter.kind in SAMPLE_LOGS and adapter.kind in SAMPLE_PARAM
+def test_every_kind_has_contract_samples(samples: Samples) -> None:
+    assert samples.logs is not None and samples.param is not None
 
 
 # --------------------------------------------------------------------------- completeness
@@ -177,8 +204,11 @@ def test_the_process_has_every_member_of_the_protocol(
 # --------------------------------------------------------------------------- argv and flags
 
 
-def test_argv_binds_loopback_and_carries_the_params(adapter: EngineAdapter, tmp_path: Path) -> None:
-    params, words = SAMPLE_PARAM[adapter.kind]
+def test_argv_binds_loopback_and_carries_the_params(
+    adapter: EngineAdapter, samples: Samples, tmp_path: Path
+) -> None:
+    assert samples.param is not None
+    params, words = samples.param
     assert adapter.params_to_args(params) == words
     argv = adapter.process(spec(tmp_path, params, ("--extra", "1"))).argv()
     assert "127.0.0.1" in argv
@@ -234,8 +264,9 @@ def test_random_weights_render_as_ordinary_options(adapter: EngineAdapter) -> No
 # --------------------------------------------------------------------------- logs and metrics
 
 
-def test_failure_classification_on_sample_logs(adapter: EngineAdapter) -> None:
-    for cause, text in SAMPLE_LOGS[adapter.kind].items():
+def test_failure_classification_on_sample_logs(adapter: EngineAdapter, samples: Samples) -> None:
+    assert samples.logs is not None
+    for cause, text in samples.logs.items():
         assert adapter.classify_failure("INFO starting\n" + text + "\n") == cause
     assert adapter.classify_failure("") == LaunchCause.OTHER
 
@@ -249,16 +280,17 @@ def test_metric_names_cover_the_readings(adapter: EngineAdapter) -> None:
     assert all(isinstance(n, str) and n for n in m.names())
 
 
-def test_crash_traits_are_consistent(adapter: EngineAdapter) -> None:
+def test_crash_traits_are_consistent(adapter: EngineAdapter, space_dir: Path) -> None:
     t = adapter.crash_traits
     assert t.memory_params and t.budget_params <= t.memory_params
     assert not t.memory_params & t.neutral_params
-    assert t.memory_params <= space_params(adapter) | {"max_model_len", "kv_cache_memory_bytes"}
+    declared = space_params(adapter, space_dir)
+    assert t.memory_params <= declared | {"max_model_len", "kv_cache_memory_bytes"}
 
 
-def test_roles_name_options_the_engine_has(adapter: EngineAdapter) -> None:
+def test_roles_name_options_the_engine_has(adapter: EngineAdapter, space_dir: Path) -> None:
     # Code outside the engine's package spells its options only through these roles.
-    known = space_params(adapter) | set(adapter.options)
+    known = space_params(adapter, space_dir) | set(adapter.options)
     named = adapter.roles.named()
     assert {role: name for role, name in named.items() if name not in known} == {}
     assert len(set(named.values())) == len(named)  # one option plays one role
@@ -272,11 +304,13 @@ def test_roles_name_options_the_engine_has(adapter: EngineAdapter) -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
-def test_defaults_per_device_name_space_parameters(adapter: EngineAdapter, device: str) -> None:
+def test_defaults_per_device_name_space_parameters(
+    adapter: EngineAdapter, space_dir: Path, device: str
+) -> None:
     hw = cpu_profile() if device == "cpu" else gpu_profile()
     defaults = adapter.defaults(hw)
     assert defaults, f"no defaults on {device}"
-    assert set(defaults) <= space_params(adapter)
+    assert set(defaults) <= space_params(adapter, space_dir)
     assert all(v is not None for v in defaults.values())
 
 
@@ -303,9 +337,10 @@ def test_env_traits(adapter: EngineAdapter) -> None:
 # --------------------------------------------------------------------------- deploy renderer
 
 
-def test_deploy_renderer(adapter: EngineAdapter) -> None:
+def test_deploy_renderer(adapter: EngineAdapter, samples: Samples) -> None:
     d = adapter.deploy
-    params, words = SAMPLE_PARAM[adapter.kind]
+    assert samples.param is not None
+    params, words = samples.param
     argv = d.serve_command(params, model="/models/m", served_name="m")
     assert "127.0.0.1" in argv and argv[-len(words) :] == words
     via_python = d.serve_command(params, model="/models/m", served_name="m", python="/py")
