@@ -17,10 +17,9 @@ import psutil
 import pytest
 
 from autotuner.engines import registry
-from autotuner.engines.base import EngineAdapter, LaunchSpec
+from autotuner.engines.base import EngineAdapter, EngineLaunchError, LaunchCause, LaunchSpec
 from autotuner.engines.process import ServerProcess
-from autotuner.sla import allowed
-from autotuner.space import DeclaredOptions
+from autotuner.space import DeclaredOptions, newest_declarations
 from tests.unit.engines.standin_engine import ADAPTER, SPACE_DIR, logs
 from tests.unit.engines.test_engine_contract import *  # noqa: F403
 from tests.unit.engines.test_engine_contract import Samples
@@ -36,19 +35,19 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     The SLA's option check reads an engine's space from ``search_spaces/`` only
     (``sla.allowed`` calls ``space.newest_declarations`` without a folder, and the registry
     has no place for one): for the stand-in, whose space is in its package, that one lookup
-    is pointed at :data:`SPACE_DIR`. The gap this fills is the one thing an engine still
-    needs outside its package.
+    is pointed at :data:`SPACE_DIR`. Tuning has the same gap (``load_space_for`` finds a
+    space through ``space_file``, in ``search_spaces/`` too); no test here tunes.
     """
     registry.kinds()  # the built-in engines first, so the stand-in is not the only one
     monkeypatch.setitem(registry._ADAPTERS, ADAPTER.kind, ADAPTER)
-    real = allowed.newest_declarations
+    real = newest_declarations
 
     def declarations(engine: str, *, directory: Path | None = None) -> DeclaredOptions:
         if engine == ADAPTER.space_name and directory is None:
             directory = SPACE_DIR
         return real(engine, directory=directory)
 
-    monkeypatch.setattr(allowed, "newest_declarations", declarations)
+    monkeypatch.setattr("autotuner.sla.allowed.newest_declarations", declarations)
     yield
 
 
@@ -79,17 +78,20 @@ def test_the_package_does_not_import_another_engine() -> None:
         assert "autotuner.engines.vllm" not in path.read_text(), path.name
 
 
-async def _serve_one(tmp_path: Path) -> tuple[str, list[int], int]:
-    proc = ADAPTER.process(
-        LaunchSpec(
-            python=Path(sys.executable),
-            model=tmp_path / "no-model",
-            served_name="tiny",
-            params={"max_concurrency": 4, "ttft_s": 0.001, "itl_s": 0.001},
-            log_path=tmp_path / "engine.log",
-            startup_timeout_s=BOUND_S,
-        )
+def _launch_spec(tmp_path: Path, extra: tuple[str, ...] = ()) -> LaunchSpec:
+    return LaunchSpec(
+        python=Path(sys.executable),
+        model=tmp_path / "no-model",
+        served_name="tiny",
+        params={"max_concurrency": 4, "ttft_s": 0.001, "itl_s": 0.001},
+        log_path=tmp_path / "engine.log",
+        extra_args=extra,
+        startup_timeout_s=BOUND_S,
     )
+
+
+async def _serve_one(tmp_path: Path) -> tuple[str, list[int], int]:
+    proc = ADAPTER.process(_launch_spec(tmp_path))
     assert isinstance(proc, ServerProcess)
     try:
         endpoint = await asyncio.wait_for(proc.launch(), BOUND_S)
@@ -115,3 +117,15 @@ def test_the_standin_serves_a_completion_end_to_end(tmp_path: Path) -> None:
     assert alive == []
     log = (tmp_path / "engine.log").read_text()
     assert "served as tiny" in log
+
+
+def test_a_failed_start_is_classified_from_the_standins_log(tmp_path: Path) -> None:
+    # An argument the stand-in does not know: it exits at start, and its own argparse line
+    # is what the adapter's log patterns classify.
+    proc = ADAPTER.process(_launch_spec(tmp_path, ("--bogus", "1")))
+    with pytest.raises(EngineLaunchError) as info:
+        asyncio.run(asyncio.wait_for(proc.launch(), BOUND_S))
+    assert info.value.cause == LaunchCause.UNKNOWN_FLAG
+    assert info.value.returncode == 2
+    assert any("unrecognized arguments: --bogus 1" in line for line in info.value.root_cause)
+    assert proc.returncode() is not None
