@@ -62,13 +62,24 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
     )
     assert result.status == "complete", (result.reason, result.extra.get("log_tail"))
     assert len(result.levels) == 3
-    # Levels grew from 16 requests to the 29 a p90 needs; every level met the loose limit,
-    # so the level budget stopped the capacity search, and the record says so.
+    # Levels grew from 16 requests to the 29 a p90 needs.
     assert [lv.requests for lv in result.levels] == [29, 29, 29]
-    assert [lv.verdict for lv in result.levels] == ["meets"] * 3
+    verdicts = [lv.verdict for lv in result.levels]
     cap = result.capacity
-    assert cap is not None and cap.stopped_by == "budget" and cap.high is None
-    assert cap.low == result.levels[-1].load and "tune.max_levels = 3" in cap.note
+    assert cap is not None
+    if verdicts == ["meets"] * 3:
+        # The usual case: every level met the loose limit, so the level budget stopped the
+        # search, and the record says so.
+        assert cap.stopped_by == "budget" and cap.high is None
+        assert cap.low == result.levels[-1].load and "tune.max_levels = 3" in cap.note
+    else:
+        # A host busy with other work can make the engine miss even this limit at a higher
+        # level (seen on a loaded 2-core machine: meets, meets, misses). What load cannot
+        # flip: the capacity claims no more than the highest level that met, below every
+        # level that did not.
+        unmet = [lv.load for lv in result.levels if lv.verdict != "meets"]
+        met = [lv.load for lv in result.levels if lv.verdict == "meets"]
+        assert cap.low == (max(met) if met else None) and (cap.low or 0) < min(unmet)
     for level in result.levels:
         engine = level.engine
         assert engine["prefix_cache_queries"] >= REQUESTS * INPUT_TOKENS, engine
