@@ -125,13 +125,20 @@ def served_rate(result: LoadResult) -> float | None:
     nor the last ones' drain (seconds of decoding after the last arrival) is in the
     denominator, so a sustained level's rate agrees with its offered rate, and a saturated
     engine's with its service rate. Requests without a known end (failed before answering)
-    count at the window's rate. Fewer than three ends: the whole run's length."""
+    count at the window's rate. The rate is at most the one the requests were sent at (their
+    first to last send). Fewer than three ends: the whole run's length."""
     total = len(result.records)
     if not total:
         return None
     ends = sorted(r.sent_s + r.e2e_s for r in result.records if r.e2e_s is not None)
     if len(ends) >= 3 and ends[-1] > ends[0]:
-        return (len(ends) - 1) / (ends[-1] - ends[0]) * total / len(ends)
+        served = (len(ends) - 1) / (ends[-1] - ends[0]) * total / len(ends)
+        # Never faster than the requests arrived: with few requests the span of the ends
+        # alone can read well above the offered rate by chance.
+        sent = sorted(r.sent_s for r in result.records)
+        if total >= 3 and sent[-1] > sent[0]:
+            served = min(served, (total - 1) / (sent[-1] - sent[0]))
+        return served
     return total / result.duration_s if result.duration_s > 0 else None
 
 

@@ -91,6 +91,14 @@ def test_a_saturated_engine_reads_at_its_service_rate() -> None:
     assert metric_value(r, "request_rate", {}) == pytest.approx(2.0)
 
 
+def test_the_served_rate_is_never_above_the_rate_requests_were_sent_at() -> None:
+    """Sent at 1 req/s; the first request slow (5 s), the others fast: the ends alone span
+    only 18 s for 19 gaps and would read 1.06 req/s."""
+    records = [rec(0, 5.0, 0.01, gap=1.0)] + [rec(i, 0.05, 0.01, gap=1.0) for i in range(1, 20)]
+    r = result(records, duration=19.1)
+    assert metric_value(r, "request_rate", {}) == pytest.approx(1.0)
+
+
 def test_failures_count_against_the_sla_and_goodput() -> None:
     sla = parse_sla(SLA)
     r = result([rec(0, 0.05, 0.01), rec(1, 0.05, 0.01), rec(2, 0, 0, error="http_500")])
