@@ -10,19 +10,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from autotuner.measure.cache import cached_share
-from autotuner.records.trial import TrialFile, TrialRecord
+from autotuner.records.trial import TrialRecord, launched_files
 
 
 def cache_lines(trials: Iterable[tuple[int, TrialRecord]], study_dir: Path) -> list[str]:
     """One line per trial: each level's share of prompt tokens served from the prefix cache,
     with the hit rate (``82% (hit 85%)``), in the order the levels ran."""
     out: list[str] = []
-    for number, record in trials:
-        if not record.result_file:
-            continue
-        trial = TrialFile.read_or_none(study_dir / record.result_file)
-        if trial is None:
-            continue
+    for number, trial in launched_files(trials, study_dir):
         cells = []
         for level in trial.levels:
             share = level.engine.get("prompt_cached_share", cached_share(level.engine))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from autotuner.measure.hostload import describe as describe_host
 from autotuner.measure.steady import describe as describe_warmup
-from autotuner.records.trial import TrialFile, TrialRecord
+from autotuner.records.trial import TrialRecord, launched_files
 
 
 def condition_lines(
@@ -25,12 +25,7 @@ def condition_lines(
     host."""
     out: list[str] = []
     busy: set[int] = set()
-    for number, record in trials:
-        if not record.result_file:
-            continue
-        trial = TrialFile.read_or_none(study_dir / record.result_file)
-        if trial is None:
-            continue
+    for number, trial in launched_files(trials, study_dir):
         said = []
         warm = trial.levels[0].warmup if trial.levels else None
         if warm:

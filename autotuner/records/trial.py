@@ -18,7 +18,8 @@ a capacity derived from its levels (the highest load that met the SLA, ``stopped
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -308,3 +309,16 @@ class TrialFile(Record):
             loads, str(data.get("load_kind")), best if isinstance(best, int) else None
         )
         return {**data, "capacity": None if derived is None else derived.model_dump()}
+
+
+def launched_files(
+    trials: Iterable[tuple[int, TrialRecord]], study_dir: Path
+) -> Iterator[tuple[int, TrialFile]]:
+    """Each launched trial's readable ``trial.json`` (by its record's ``result_file``) with
+    its number; trials that launched nothing, or whose file cannot be read, are left out."""
+    for number, record in trials:
+        if not record.result_file:
+            continue
+        trial = TrialFile.read_or_none(study_dir / record.result_file)
+        if trial is not None:
+            yield number, trial
