@@ -134,9 +134,10 @@ class HardwareProfile:
     @property
     def device_memory_total(self) -> int:
         """Memory one engine rank budgets from: the smallest GPU, or (CPU) the NUMA node of
-        the first usable core, as the CPU engine does; the whole host without NUMA info."""
+        the first usable core, as the CPU engine does; the whole host without NUMA info.
+        0 for a GPU target where no GPU was found (doctor reports that, it does not crash)."""
         if self.device == "gpu":
-            return min(g.memory_total for g in self.gpus)
+            return min((g.memory_total for g in self.gpus), default=0)
         node = self.cpu.numa_node_of_first_cpu
         if node is not None and 0 <= node < len(self.cpu.numa_memory):
             return self.cpu.numa_memory[node]

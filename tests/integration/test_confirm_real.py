@@ -108,7 +108,12 @@ def test_confirmation_decides_on_replicates_and_is_extended_then_resumed(
     r = run_cli(["tune", str(sla), "--trials-dir", str(trials_dir)], cli_env, timeout_s=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert "warning: tune.confirm.replicates 2" in r.stdout
-    assert "confirm trial-1: ahead of the baseline by" in r.stdout, r.stdout[-4000:]
+    # Why the candidate is confirmed depends on the host's speed: a lead in capacity, or a
+    # baseline that could not hold the SLA even at the workload's own rate.
+    assert (
+        "confirm trial-1: ahead of the baseline by" in r.stdout
+        or "confirm trial-1: the baseline missed the SLA at its own load" in r.stdout
+    ), r.stdout[-4000:]
     assert "confirmation 4/4: " in r.stdout
     manifest = json.loads((study_dir / "promoted" / "optimization_manifest.json").read_text())
     _check_decision(manifest, 2)

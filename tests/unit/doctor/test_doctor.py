@@ -455,3 +455,28 @@ def test_the_h200_sla_without_pynvml(
     assert "NVIDIA H200 sm_90" in found["torch.gpu"]["found"]
     assert found["gpu0.memory"]["status"] == "ok"
     assert data["engine"] == "vllm 0.26.0" and data["target"] == "gpu 0"
+
+
+def test_a_gpu_target_on_a_host_without_gpus_is_fatal_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engine's defaults are read for a GPU target whose scan found no GPU at all (what
+    CI's machine answers): a fatal finding and exit 2, never an internal error."""
+    from autotuner.doctor import run
+
+    python = Path("/opt/vllm/bin/python")
+    monkeypatch.setattr(run.envs, "resolve_python", lambda *a: (python, f"python {python}"))
+    monkeypatch.setattr(run.envs, "probe_version", lambda p: ("vllm", "0.26.0"))
+    monkeypatch.setattr(
+        run, "probe_torch", lambda *a, **kw: TorchFacts(python="3.12.3", torch="2.11.0+cu130")
+    )
+    monkeypatch.setattr(
+        run, "scan", lambda devices, **kw: scan(devices, nvml=DoctorNvml([], init_fails=True))
+    )
+    sla = Path(__file__).resolve().parents[3] / "objectives" / "llama3-8b-h200.yaml"
+    code = main(["doctor", str(sla), "--json"])
+    out = capsys.readouterr()
+    data = json.loads(out.out or "null")
+    assert data is not None, out.err
+    assert code == data["exit_code"] == 2
+    assert [f for f in data["findings"] if f["status"] == "fatal"]
