@@ -15,6 +15,8 @@ from autotuner.measure.quality import GateResult, unmeasurable
 from autotuner.records.lossy import LossyTier, TierWinner
 from autotuner.search.capability import NO_TRAITS, SettingTraits, traits_of
 from autotuner.search.confirm import Decision, Replicate
+from autotuner.search.confirmation import ConfirmRun, Say, confirm
+from autotuner.search.launched import search_capacity
 from autotuner.search.pareto import Candidate
 from autotuner.search.tiers import GateRun, gain, gate_due, label, settle, split
 
@@ -30,8 +32,8 @@ def traits(ctx: p.Context) -> SettingTraits:
 def decide(
     ctx: p.Context,
     cands: Sequence[Candidate],
-    run: p.ConfirmRun,
-    say: p.Say,
+    run: ConfirmRun,
+    say: Say,
     gate_run: GateRun | None,
 ) -> Tiered | None:
     """The tiered decision; None when the study has no lossy tier (lossy settings not
@@ -50,7 +52,7 @@ def decide(
     )
     pool = [c for c in (lossy, lossless) if c is not None]
     limit = max(1, sum(not c.baseline for c in pool))
-    decision, reps, configs = p.confirm(ctx, pool, run, say, limit=limit)
+    decision, reps, configs = confirm(ctx, pool, run, say, limit=limit)
     gate: GateResult | None = None
     if gate_due(decision, label(lossy)) and gate_run is not None:
         base = configs.get("baseline") or lossless
@@ -90,7 +92,7 @@ def _winner(ctx: p.Context, c: Candidate, decision: Decision) -> TierWinner:
     elif n and stats.get("capacity_mean") is not None:
         capacity, basis = float(stats["capacity_mean"]), f"mean of {n} replicates"
     else:
-        found = p.search_capacity(ctx, c.trial)
+        found = search_capacity(ctx, c.trial)
         capacity = None if found is None else found.value
         if not c.feasible:
             capacity = 0.0

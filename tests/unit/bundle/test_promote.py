@@ -20,12 +20,13 @@ from xml.etree import ElementTree
 
 import pytest
 
-from autotuner.bundle.promote import Context, _replicate, candidates, confirm, promote
+from autotuner.bundle.promote import Context, promote
 from autotuner.bundle.summary import render
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.engines import registry
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import CapacityRecord
+from autotuner.search.launched import candidates
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla
@@ -375,20 +376,6 @@ def test_no_candidate_ahead_by_more_than_the_resolution_spends_no_launch(tmp_pat
     assert "confirmation: none run (no launch spent)" in text
 
 
-def test_a_front_of_the_baseline_alone_says_it_measured_best(tmp_path: Path) -> None:
-    # Candidates met the SLA but the baseline alone is on the front (a single capacity
-    # objective, the baseline ahead): the decision must not say no candidate met the SLA.
-    sc = Scenario()
-    ctx = _study(tmp_path, sc)
-    ranked = [c for c in candidates(ctx.study) if c.baseline]
-    assert any(c.feasible and not c.baseline for c in candidates(ctx.study))
-    decision, reps, _ = confirm(ctx, ranked, sc.confirm_run, lambda s: None)
-    assert reps == [] and sc.confirm_calls == []
-    assert decision.promoted == "baseline"
-    assert "the baseline measured best" in decision.reason
-    assert "no candidate met the SLA" not in decision.reason
-
-
 def test_a_study_of_the_baseline_alone_says_so(tmp_path: Path) -> None:
     # A budget of one launch (a reference measurement of one config): nothing else was tried,
     # so "no candidate met the SLA" would misread as candidates that failed.
@@ -424,18 +411,6 @@ def test_one_replicate_promotes_a_candidate_over_a_baseline_that_misses_the_sla(
     assert sc.confirm_calls == []
     assert manifest["promoted"]["label"] == "trial-1" and manifest["promoted"]["meets_sla"]
     assert "without confirmation" in manifest["decision"]["reason"]
-
-
-def test_a_replicate_that_reached_no_met_level_is_unknown_not_a_miss() -> None:
-    # Stepping down from its claim, the replicate spent its levels before reaching the SLA's
-    # own load: its capacity is unknown (left out of the pairs), not "missed the SLA" (0).
-    level = _level(2.2, 2.0, 150.0, 100.0)
-    cap = CapacityRecord(value=0.0, low=0.0, high=2.2, unit="req/s", stopped_by="budget")
-    res = TrialResult({}, "complete", "rate", (level,), None, capacity=cap)
-    assert _replicate("baseline", 0, res, "d", VLLM.roles).capacity is None
-    missed = cap.model_copy(update={"stopped_by": "infeasible_at_start"})
-    rep = _replicate("baseline", 0, dataclasses.replace(res, capacity=missed), "d", VLLM.roles)
-    assert rep.capacity == 0.0 and not rep.feasible
 
 
 def test_a_baseline_that_missed_only_memory_is_not_launched_again(tmp_path: Path) -> None:
