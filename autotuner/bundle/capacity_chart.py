@@ -49,11 +49,14 @@ def capacity_svg(
     high: float | None,
     value: float | None,
     title: str,
+    race: tuple[float, str] | None = None,
 ) -> str:
-    """The picture, 420 x 180 pixels (an ``<svg>`` element)."""
+    """The picture, 420 x 180 pixels (an ``<svg>`` element). ``race``: the load a candidate
+    raced at (the incumbent's capacity) and its label, drawn as a dashed line."""
     width, height = 420.0, 180.0
     left, right, top, bottom = 46.0, 404.0, 26.0, 142.0
     loads = [lv.load for lv in levels] + [v for v in (low, high, value) if v]
+    loads += [race[0]] if race else []
     sx = svg.scale(loads, left, right)
     sy = svg.scale([0.0, _TOP], bottom, top, zero=True, n=5)
     body = [svg.text(left, 16, title, size=12, weight="bold")]
@@ -83,6 +86,17 @@ def capacity_svg(
         )
     )
     body.append(svg.line(left, sy(1.0), right, sy(1.0), "#c62828", 1.2))
+    if race is not None:
+        x = sx(race[0])
+        # The label on the side of the line with more room, low in the plot (clear of the
+        # limit line and of a point past the limit on the top edge).
+        side, anchor = (4.0, "start") if x < (left + right) / 2 else (-4.0, "end")
+        body.append(
+            f'<g class="race"><line {svg.attrs(x1=x, y1=top, x2=x, y2=bottom)} '
+            f'stroke="{svg.AXIS}" stroke-width="1" stroke-dasharray="4 3"/>'
+            + svg.text(x + side, bottom - 6, race[1], anchor=anchor, size=9, fill=svg.AXIS)
+            + "</g>"
+        )
     body.append(svg.text(right - 2, sy(1.0) - 4, "limit", anchor="end", size=9, fill="#c62828"))
     if not levels:
         body.append(
@@ -100,8 +114,10 @@ def capacity_svg(
 
 
 def _ratio(v: float | None, limit: float | None) -> float | None:
-    if v is None or not limit:
+    if v is None or limit is None:
         return None
+    if limit == 0:  # a limit of 0 (no errors allowed): any value above it is past the limit
+        return 0.0 if v <= 0 else _TOP
     return max(0.0, min(v / limit, _TOP))
 
 

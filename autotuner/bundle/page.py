@@ -46,12 +46,15 @@ from autotuner.records.owner import StudyLockFile
 from autotuner.records.trial import CapacityRecord, StudyRecord, TrialFile, TrialRecord
 from autotuner.search.lock import LOCK_NAME, owner_state
 from autotuner.search.pareto import pareto_front
-from autotuner.search.study import feasible
+from autotuner.search.study import feasible, raced_out
 from autotuner.sla.spec import Constraint, Sla
 
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 _UNDECIDED = "replicate, no decision yet"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# How a status reads where its key alone would say too little: a pruned trial never
+# launched; a raced one launched, missed the SLA at the incumbent's capacity and was pruned.
+_STATUS_TEXT = {"pruned": "pruned before launch", "raced": "pruned (raced out)"}
 
 
 def clean(value: object) -> str:
@@ -73,7 +76,8 @@ class Launch:
     role: str  # baseline / candidate / replicate of <config>
     config: dict[str, object]  # params that differ from the baseline's
     params: dict[str, object]  # every param
-    status: str  # met / missed / pruned / failed / interrupted / duplicate / running / waiting
+    # met / missed / raced / pruned / failed / interrupted / duplicate / running / waiting
+    status: str
     reason: str
     capacity: CapacityRecord | None
     duration_s: float | None
@@ -82,6 +86,9 @@ class Launch:
     log_tail: str = ""
     basis: str = "single run"
     startup_s: float | None = None  # the engine's start, part of duration_s
+    # A candidate raced out: the one level it ran (the incumbent's capacity) and the incumbent
+    race_level: float | None = None
+    race_incumbent: int | None = None
 
     @property
     def gpu_s(self) -> float | None:
@@ -90,15 +97,34 @@ class Launch:
         return self.duration_s * self.gpus
 
     @property
+    def status_text(self) -> str:
+        return _STATUS_TEXT.get(self.status, self.status)
+
+    @property
+    def unit(self) -> str:
+        return self.capacity.unit if self.capacity else "req/s"
+
+    @property
     def capacity_text(self) -> str:
         c = self.capacity
+        if self.status == "raced":  # it missed the one level it ran: nothing is known below it
+            return "none"
         if c is None:
             return "-"
         return f"{c.value:.3g}" if c.low > 0 else "0"
 
     @property
+    def capacity_sort(self) -> float:
+        """The capacity column's sort key (-1: no capacity known)."""
+        if self.status == "raced" or self.capacity is None:
+            return -1.0
+        return self.capacity.value
+
+    @property
     def bracket_text(self) -> str:
         c = self.capacity
+        if self.status == "raced":  # the one level it ran (the reason names the incumbent)
+            return "-" if self.race_level is None else f"missed {self.race_level:.3g} {self.unit}"
         if c is None or (c.stopped_by == "legacy" and c.low <= 0):
             return "-"
         if c.low <= 0:  # nothing met: why the search stopped (the reason column says more)
@@ -108,15 +134,22 @@ class Launch:
 
     def chart(self) -> Markup:
         c = self.capacity
+        title = f"{self.key}: capacity search"
+        race = None
+        if self.status == "raced" and self.race_level is not None:
+            title = f"{self.key}: raced out at {self.race_level:.3g} {self.unit}, one level"
+            who = "the incumbent" if self.race_incumbent is None else f"trial {self.race_incumbent}"
+            race = (self.race_level, f"{who}'s capacity")
         # The SVG is built from escaped parts (autotuner.bundle.svg): safe to insert as is.
         return Markup(
             capacity_svg(
                 self.levels,
-                unit=c.unit if c else "req/s",
+                unit=self.unit,
                 low=c.low if c else None,
                 high=c.high if c else None,
                 value=c.value if c else None,
-                title=f"{self.key}: capacity search",
+                title=title,
+                race=race,
             )
         )
 
@@ -271,7 +304,7 @@ def _status(t: FrozenTrial, r: TrialRecord) -> str:
     if t.state == TrialState.COMPLETE:
         return "met" if feasible(t) else "missed"
     if t.state == TrialState.PRUNED:
-        return "pruned"
+        return "raced" if raced_out(t) else "pruned"
     if t.state == TrialState.FAIL:
         return "interrupted" if r.interrupted else "failed"
     return t.state.name.lower()  # running / waiting
@@ -302,6 +335,8 @@ def _search_launches(
         reason = r.reason or ""
         if status == "failed" and r.cause:
             reason = f"{r.cause}: {reason}" if reason else r.cause
+        if status == "interrupted" and not reason:
+            reason = "its tune stopped before this launch finished: no result recorded"
         if r.duplicate:
             reason = f"same config as trial {r.duplicate_of}: its result reused, no launch"
         if t.state == TrialState.WAITING and r.requeued_from is not None:
@@ -324,6 +359,8 @@ def _search_launches(
                 levels=_levels(tf, run_dir, constraints, confidence) if tf else [],
                 log_tail=clean(tail) if isinstance(tail, str) and status == "failed" else "",
                 basis=basis.get(t.number, "single run") if tf and tf.levels else "",
+                race_level=r.race_level if status == "raced" else None,
+                race_incumbent=r.race_incumbent if status == "raced" else None,
             )
         )
     return out

@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[3]
 LOSSY = REPO / "docs/benchmarks/h200-llama3-8b-capacity/lossy/llama3-8b-h200-lossy.tar.gz"
 # The capacity study keeps every level's requests (the lossy one only its trial.json files).
 CAPACITY = REPO / "docs/benchmarks/h200-llama3-8b-capacity/llama3-8b-h200.tar.gz"
+# Raced search: trial 2 raced out at trial 0's capacity, trial 3 interrupted, 4 its re-queue.
+INTERACTIVE = REPO / "docs/benchmarks/h200-llama3-8b-interactive/llama3-8b-h200-interactive.tar.gz"
 HOSTILE = '"><script>window.__pwned=1</script>'
 BELL = "\x07"
 
@@ -194,6 +196,64 @@ def test_each_level_shows_its_verdict_and_the_deciding_percentile_against_the_li
     chart = trial1.chart()
     assert chart.count('<g class="level ') == len(trial1.levels)
     assert 'class="bracket"' in chart
+
+
+def _row(html: str, key: str) -> str:
+    found = re.search(rf'<tr id="row-{key}">(.*?)</tr>', html, flags=re.S)
+    assert found is not None, key
+    return found[1]
+
+
+def test_a_raced_out_launch_reads_as_pruned_at_its_level_with_no_capacity(
+    tmp_path: Path,
+) -> None:
+    study, study_dir = committed_study(tmp_path, INTERACTIVE)
+    built = page.build(study, study_dir)
+    by_key = {x.key: x for x in built.launches}
+    raced = by_key["trial-2"]
+    assert (raced.status, raced.status_text) == ("raced", "pruned (raced out)")
+    assert (raced.race_level, raced.race_incumbent) == (pytest.approx(17.5158, rel=1e-4), 0)
+    # No capacity (its record holds 0 "infeasible at start"): only the level it missed.
+    assert raced.capacity_text == "none" and raced.capacity_sort == -1.0
+    assert raced.bracket_text == "missed 17.5 req/s"
+    assert raced.reason.startswith(
+        "raced out: missed the SLA at the incumbent's capacity, 17.5 req/s (trial 0)"
+    )
+    # Its picture: its one level, a miss, at the incumbent's capacity marked on the axis.
+    assert [(lv.verdict, round(lv.load, 2)) for lv in raced.levels] == [("misses", 17.52)]
+    chart = raced.chart()
+    assert chart.count('<g class="level ') == 1
+    assert "trial-2: raced out at 17.5 req/s, one level" in chart
+    assert '<g class="race">' in chart and "trial 0's capacity</text>" in chart
+    # The level missed on its error rate (limit 0): drawn past the limit, on the top edge.
+    assert raced.levels[0].deciding == "max_error_rate" and raced.levels[0].limit == 0
+    assert re.search(r'<g class="level misses"[^>]*>.*?<circle cx="[\d.]+" cy="26"', chart)
+    html = page.render(built)
+    assert '<td class="status raced">pruned (raced out)</td>' in _row(html, "trial-2")
+    assert '<td class="num" data-value="-1.0">none</td>' in _row(html, "trial-2")
+    assert '<td class="bracket">missed 17.5 req/s</td>' in _row(html, "trial-2")
+    # Apart from a launch that met the SLA and one its tune interrupted.
+    assert '<td class="status met">met</td>' in _row(html, "trial-0")
+    interrupted = _row(html, "trial-3")
+    assert '<td class="status interrupted">interrupted</td>' in interrupted
+    assert "its tune stopped before this launch finished" in interrupted
+    # A raced-out launch ran: it counts among the launches the page's figures rest on.
+    assert any(line.startswith("3 launches, ") for line in built.rests_on)
+
+
+def test_pruned_before_launch_and_failed_read_apart_from_raced_out(tmp_path: Path) -> None:
+    ctx = _study(tmp_path, Scenario())  # max_num_seqs 1 pruned by a rule, 128 fails to start
+    built = page.build(ctx.study, ctx.study_dir)
+    by_key = {x.key: x for x in built.launches}
+    pruned, failed = by_key["trial-2"], by_key["trial-3"]
+    assert (pruned.status, pruned.status_text) == ("pruned", "pruned before launch")
+    assert (pruned.capacity_text, pruned.bracket_text, pruned.levels) == ("-", "-", [])
+    assert failed.status_text == "failed" and failed.reason == "out_of_memory: no memory"
+    html = page.render(built)
+    assert '<td class="status pruned">pruned before launch</td>' in _row(html, "trial-2")
+    assert "too few sequences" in _row(html, "trial-2")
+    assert '<td class="status failed">failed</td>' in _row(html, "trial-3")
+    assert "raced out" not in _text(_row(html, "trial-2")) + _text(_row(html, "trial-3"))
 
 
 def test_promotion_writes_the_page_into_the_bundle(tmp_path: Path) -> None:

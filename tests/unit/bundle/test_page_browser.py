@@ -21,7 +21,7 @@ import pytest
 
 from autotuner.bundle import page
 
-from .test_page import HOSTILE, committed_study, hostile_study, promoted_study
+from .test_page import HOSTILE, INTERACTIVE, committed_study, hostile_study, promoted_study
 
 INSTALL = (
     "install them with `apt-get install -y chromium` and `pip install -e '.[test]'` "
@@ -118,6 +118,26 @@ def test_a_committed_study_renders_with_its_decision_table_and_charts(
     assert tab.locator("#launches tbody tr").first.get_attribute("id") == "row-trial-0"
     # Offline: the file itself is the only thing loaded.
     assert [u for u in opened.requests if not u.startswith("file://")] == []
+
+
+def test_a_raced_out_launch_reads_as_pruned_at_its_one_level(browser: Any, tmp_path: Path) -> None:
+    study, study_dir = committed_study(tmp_path, INTERACTIVE)
+    opened = Opened(browser, _write(study, study_dir, tmp_path))
+    tab = opened.tab
+    assert opened.errors == []
+    cells = tab.locator("#row-trial-2 td").all_inner_texts()
+    assert cells[3:6] == ["pruned (raced out)", "none", "missed 17.5 req/s"]
+    assert cells[-1].startswith("raced out: missed the SLA at the incumbent's capacity")
+    assert tab.locator("#row-trial-0 td").all_inner_texts()[3] == "met"
+    # Its capacity search: the one level it ran, and the incumbent's capacity marked.
+    panel = tab.locator("#launch-trial-2")
+    assert "pruned (raced out)" in panel.locator("h3").inner_text()
+    assert panel.locator("svg g.level").count() == 1
+    assert panel.locator("svg g.race text").text_content() == "trial 0's capacity"
+    # Sorted by capacity, it sits with the launches that have none, below those that met.
+    tab.locator("#launches thead th", has_text="capacity").click()
+    order = tab.eval_on_selector_all("#launches tbody tr", "rows => rows.map(r => r.id)")
+    assert order.index("row-trial-2") < order.index("row-trial-0")
 
 
 def test_a_promoted_unit_study_renders_without_errors(browser: Any, tmp_path: Path) -> None:
