@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotuner.core.types import ParamValue
-from autotuner.space import _read
+from autotuner.space import read_space_file
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ NO_TRAITS = SettingTraits({}, {}, {})
 
 def traits_of(space_file: str | Path) -> SettingTraits:
     """The traits declared in a space file (the ``source`` of a resolved space)."""
-    spec = _read(Path(space_file))
+    spec = read_space_file(Path(space_file))
     lossy: dict[str, bool | tuple[ParamValue, ...]] = {}
     needs: dict[str, tuple[Need, ...]] = {}
     for d in spec.params:

@@ -1,0 +1,50 @@
+"""Values of parameters: their types, how they compare and how they are shown in messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+ParamValue = bool | int | float | str | None
+ParamType = Literal["int", "float", "bool", "categorical"]
+Device = Literal["cpu", "gpu"]
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _same(a: ParamValue, b: ParamValue) -> bool:
+    """Equality that keeps True apart from 1 (YAML and Optuna both distinguish them)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _member(v: ParamValue, values: Iterable[ParamValue]) -> bool:
+    return any(_same(v, x) for x in values)
+
+
+def _kind(decl_type: ParamType) -> str:
+    return {
+        "int": "an int",
+        "float": "a number",
+        "bool": "true or false",
+        "categorical": "a string or number",
+    }[decl_type]
+
+
+def _check_type(decl_type: ParamType, v: ParamValue) -> bool:
+    if decl_type == "bool":
+        return isinstance(v, bool)
+    if decl_type == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if decl_type == "float":
+        return isinstance(v, int | float) and not isinstance(v, bool)
+    return v is None or isinstance(v, str | int | float)
