@@ -212,10 +212,12 @@ def _progress(layout: jobs.Layout, job: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     summary = jobs.study_summary(layout, str(job["sla"]), str(job["engine"]))
     by_state: dict[str, int] = summary.get("trials") or {}
-    finished = sum(n for s, n in by_state.items() if s not in ("RUNNING", "WAITING"))
+    # The brackets break the finished count down: running and waiting trials are not in it
+    # (a running one is named after it).
+    done = {s: n for s, n in by_state.items() if s not in ("RUNNING", "WAITING")}
     return {
-        "finished": finished,
-        "by_state": {s.lower(): n for s, n in sorted(by_state.items())},
+        "finished": sum(done.values()),
+        "by_state": {s.lower(): n for s, n in sorted(done.items())},
         "running": summary.get("running") or [],
         "best_max_load": summary.get("best_max_load"),
         "best_goodput": summary.get("best_goodput"),

@@ -133,3 +133,17 @@ def test_the_templates_ship_with_the_package() -> None:
     assert (pages._TEMPLATES / "overview.html.j2").is_file()
     text = Path(__file__).resolve().parents[3].joinpath("pyproject.toml").read_text()
     assert '"autotuner.daemon" = ["templates/*.j2"]' in text
+
+
+def test_a_running_trial_is_not_counted_among_the_finished(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    """The overview's "N launches finished (state n, ...)": the breakdown adds up to N, and a
+    running or waiting trial is in neither (the page names a running one after it)."""
+    from autotuner.daemon import jobs, pages
+
+    summary = {"trials": {"COMPLETE": 2, "FAIL": 1, "PRUNED": 1, "RUNNING": 1, "WAITING": 2}}
+    monkeypatch.setattr(jobs, "study_summary", lambda *a: summary)
+    progress = pages._progress(jobs.Layout(tmp_path), {"kind": "tune", "sla": "s", "engine": "e"})
+    assert progress["finished"] == 4
+    assert progress["by_state"] == {"complete": 2, "fail": 1, "pruned": 1}
