@@ -19,7 +19,7 @@ from autotuner.workload.datasets import DatasetReplay, prepare, read_dataset
 from autotuner.workload.requests import PromptSource, Replay
 from autotuner.workload.traces import TraceReplay, read_trace
 
-DEFAULT_OUTPUT_TOKENS = 128  # as DEFAULT_DATASET_OUTPUT_TOKENS in autotuner.sla.spec
+DEFAULT_OUTPUT_TOKENS = 128  # as DEFAULT_DATASET_OUTPUT_TOKENS in autotuner.sla.workload
 
 KeyPath = tuple[str | int, ...]
 
