@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from autotuner.core.show import show_value
+
 OptionType = Literal["int", "float", "bool", "categorical"]
 
 _INT_RE = re.compile(r"^-?\d{1,18}\Z")
@@ -42,14 +44,16 @@ class OptionRule:
         if self.type == "categorical":
             if self.choices is None:
                 return "a word"
-            return "one of " + ", ".join(_show(c) for c in self.choices if c is not None)
+            # Quoted: a choice can be any word, and is read apart from the sentence around it.
+            shown = (show_value(c, quote_text=True) for c in self.choices if c is not None)
+            return "one of " + ", ".join(shown)
         what = "an integer" if self.type == "int" else "a number"
         if self.low is not None and self.high is not None:
-            return f"{what} in [{_show(self.low)}, {_show(self.high)}]"
+            return f"{what} in [{show_value(self.low)}, {show_value(self.high)}]"
         if self.low is not None:
-            return f"{what} >= {_show(self.low)}"
+            return f"{what} >= {show_value(self.low)}"
         if self.high is not None:
-            return f"{what} <= {_show(self.high)}"
+            return f"{what} <= {show_value(self.high)}"
         return what
 
     def problem(self, value: object) -> str | None:
@@ -69,7 +73,8 @@ class OptionRule:
             ok = (self.low is None or value >= self.low) and (
                 self.high is None or value <= self.high
             )
-        return None if ok else f"must be {self.describe()}, got {_show(value)}"
+        got = show_value(value, quote_text=True)
+        return None if ok else f"must be {self.describe()}, got {got}"
 
     def from_word(self, text: str) -> bool | int | float | str:
         """A command-line word as the value it stands for (``"8"`` -> 8 for an int option);
@@ -120,15 +125,3 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     return a == b
-
-
-def _show(v: object) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, str):
-        return repr(v)
-    return str(v)

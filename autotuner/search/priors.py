@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
+from autotuner.core.show import show_value
 from autotuner.core.types import ParamValue as Value
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import EngineDefaults, MissBook
@@ -291,7 +292,7 @@ def hopeless_reason(
         for rule in p.hopeless:
             how = applies(rule, value, lambda n: space.value_of(n, suggested), s)
             if how is not None:
-                reasons.append(f"hopeless: {p.name}={_show(value)} ({how}): {rule.why}")
+                reasons.append(f"hopeless: {p.name}={show_value(value)} ({how}): {rule.why}")
                 break
     return "; ".join(reasons) if reasons else None
 
@@ -448,7 +449,7 @@ class SearchPlan:
         ranked = sorted((p for p in self.space.params if p.prior), key=lambda p: _rank(p))
         for p in ranked:
             assert p.prior is not None
-            first = ", ".join(_show(v) for v in p.prior.first)
+            first = ", ".join(show_value(v) for v in p.prior.first)
             near = ""
             if p.prior.near:
                 factors = ", ".join(f"x{t:g}" for t in p.prior.times)
@@ -456,7 +457,7 @@ class SearchPlan:
             lines.append(f"warm start {p.prior.rank}: {p.name} = {near}{first}")
             for b in p.prior.by_limit:
                 to = (
-                    ", ".join(_show(v) for v in b.first)
+                    ", ".join(show_value(v) for v in b.first)
                     if b.first
                     else f"measured {p.prior.near} " + ", ".join(f"x{t:g}" for t in b.times)
                 )
@@ -467,7 +468,7 @@ class SearchPlan:
         for p in self.space.params:
             for rule in p.hopeless:
                 what = (
-                    f"= {', '.join(_show(v) for v in rule.values)}"
+                    f"= {', '.join(show_value(v) for v in rule.values)}"
                     if rule.values is not None
                     else f"< {'' if rule.times == 1 else f'{rule.times:g} x '}{rule.below}"
                 )
@@ -591,16 +592,6 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     return bool(a == b)
-
-
-def _show(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
 
 
 def sampler_startup(sla: Sla) -> int | None:

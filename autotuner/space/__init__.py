@@ -20,7 +20,7 @@ that depend only on untuned parameters are decided at load time.
 
 The modules, each importing only those above it in this list:
 
-* ``values``: parameter value types, comparison and display;
+* ``values``: parameter value types and how they compare;
 * ``errors``: :class:`SpaceError`;
 * ``versions``: version numbers and specifiers (:func:`parse_version`, :func:`version_in`);
 * ``overrides``: the SLA's ``search:`` section (:class:`SearchSpec`, :class:`ParamOverride`);

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 
 from autotuner.core.options import OptionRule
+from autotuner.core.show import show_value
 from autotuner.core.yamlpos import KeyPath
 from autotuner.space.schema import (
     _Decl,
@@ -19,7 +20,7 @@ from autotuner.space.schema import (
     _Variant,
 )
 from autotuner.space.strategy import BINDING, MEASURED
-from autotuner.space.values import ParamValue, _check_type, _kind, _member, _show
+from autotuner.space.values import ParamValue, _check_type, _kind, _member
 from autotuner.space.versions import _check_spec
 
 
@@ -41,7 +42,7 @@ def _check_file(spec: _File) -> list[str]:
         for suffix, v in variants:
             problems += [f"{at}{suffix}: {p}" for p in _check_domain(d, v)]
         if d.default is not None and not _check_type(d.type, d.default):
-            problems.append(f"{at}.default: {_show(d.default)} is not {_kind(d.type)}")
+            problems.append(f"{at}.default: {show_value(d.default)} is not {_kind(d.type)}")
         for parent in d.when:
             if parent not in seen:
                 where = "declared after it" if parent in all_names else "not declared"
@@ -110,9 +111,9 @@ def _check_prior(d: _Decl, p: _Prior, where: _Decl | _Variant) -> list[tuple[str
     choices = where.choices if where.choices is not None else d.choices
     for v in p.first:
         if not _check_type(d.type, v):
-            out.append(("first", f"{_show(v)} is not {_kind(d.type)}"))
+            out.append(("first", f"{show_value(v)} is not {_kind(d.type)}"))
         elif choices is not None and not _member(v, choices):
-            out.append(("first", f"{_show(v)} is not one of the choices"))
+            out.append(("first", f"{show_value(v)} is not one of the choices"))
     if p.near is not None:
         if p.near not in MEASURED:
             out.append(("near", f"{p.near!r} is not a measured quantity ({', '.join(MEASURED)})"))
@@ -140,7 +141,7 @@ def _check_prior(d: _Decl, p: _Prior, where: _Decl | _Variant) -> list[tuple[str
             out.append((at, "'times' multiplies the prior's 'near', which is not given"))
         for v in b.first:
             if not _check_type(d.type, v):
-                out.append((at, f"{_show(v)} is not {_kind(d.type)}"))
+                out.append((at, f"{show_value(v)} is not {_kind(d.type)}"))
     return out
 
 
@@ -152,14 +153,14 @@ def _check_hopeless(d: _Decl, h: _Hopeless, decls: Mapping[str, _Decl]) -> list[
         out.append(("values", "give either 'values' or 'below': which values are hopeless"))
     for v in h.values or []:
         if not _check_type(d.type, v):
-            out.append(("values", f"{_show(v)} is not {_kind(d.type)}"))
+            out.append(("values", f"{show_value(v)} is not {_kind(d.type)}"))
     below = h.below
     if below is not None:
         if d.type not in ("int", "float"):
             out.append(("below", f"only numbers can be below a bound, not a {d.type}"))
         if isinstance(below, bool) or (isinstance(below, str) and below not in MEASURED):
             known = ", ".join(sorted(MEASURED))
-            out.append(("below", f"{_show(below)} is neither a number nor measured ({known})"))
+            out.append(("below", f"{show_value(below)} is neither a number nor measured ({known})"))
     if "times" in h.model_fields_set and not isinstance(below, str):
         out.append(("times", "'times' multiplies a measured 'below' (e.g. below: concurrency)"))
     if h.times <= 0:
@@ -171,7 +172,7 @@ def _check_hopeless(d: _Decl, h: _Hopeless, decls: Mapping[str, _Decl]) -> list[
             continue
         for v in rule.not_ if isinstance(rule, _Not) else rule:
             if v is not None and not _check_type(decls[other].type, v):
-                out.append(("with", f"{other}: {_show(v)} is not {_kind(decls[other].type)}"))
+                out.append(("with", f"{other}: {show_value(v)} is not {_kind(decls[other].type)}"))
     for m in h.unless_objective:
         if not _METRIC_RE.match(m):
             out.append(("unless_objective", f"{m!r} is not a metric name"))
@@ -191,7 +192,7 @@ def _check_limits(d: _Decl, limits: _Limits) -> list[str]:
     if d.type not in ("int", "float"):
         return [f"only an int or float has limits, not a {d.type}"]
     problems = [
-        f"bound {_show(b)} is not {_kind(d.type)}"
+        f"bound {show_value(b)} is not {_kind(d.type)}"
         for b in (limits.low, limits.high)
         if b is not None and not _check_type(d.type, b)
     ]
@@ -204,7 +205,7 @@ def _check_limits(d: _Decl, limits: _Limits) -> list[str]:
     for v in d.per_device.values():
         named += [v.low, v.high, v.fixed, *(v.choices or [])]
     return [
-        f"{_show(x)}, named in the file, is outside them"
+        f"{show_value(x)}, named in the file, is outside them"
         for x in named
         if x is not None and rule.problem(x) is not None
     ]
@@ -235,12 +236,12 @@ def _check_domain(d: _Decl, v: _Decl | _Variant) -> list[str]:
             problems.append(f"an {d.type} needs 'choices' or 'low' and 'high'")
     for c in choices or []:
         if not _check_type(d.type, c):
-            problems.append(f"choice {_show(c)} is not {_kind(d.type)}")
+            problems.append(f"choice {show_value(c)} is not {_kind(d.type)}")
     if choices is not None and len(choices) != len({repr(c) for c in choices}):
         problems.append("choices repeat a value")
     for bound in (v.low, v.high):
         if bound is not None and not _check_type(d.type, bound):
-            problems.append(f"bound {_show(bound)} is not {_kind(d.type)}")
+            problems.append(f"bound {show_value(bound)} is not {_kind(d.type)}")
     if v.low is not None and v.high is not None and v.low > v.high:
         problems.append(f"low ({v.low}) > high ({v.high})")
     if v.log and v.low is not None and v.low <= 0:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotuner.space.values import ParamValue, _member, _show
+from autotuner.core.show import show_value
+from autotuner.space.values import ParamValue, _member
 
 
 @dataclass(frozen=True)
@@ -19,5 +20,5 @@ class Condition:
         return _member(value, self.values) != self.negate
 
     def __str__(self) -> str:
-        shown = ", ".join(_show(v) for v in self.values)
+        shown = ", ".join(show_value(v) for v in self.values)
         return f"{self.param} {'not in' if self.negate else 'in'} [{shown}]"

@@ -7,6 +7,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from autotuner.core.show import show_value
 from autotuner.space.check import _option_rule
 from autotuner.space.conditions import Condition
 from autotuner.space.context import _Context, _unmet
@@ -14,7 +15,7 @@ from autotuner.space.overrides import ParamOverride
 from autotuner.space.resolved import Dropped, ParamSpec
 from autotuner.space.schema import _Decl, _File, _Hopeless, _Not, _Prior
 from autotuner.space.strategy import ByLimit, Hopeless, Monotone, Prior
-from autotuner.space.values import Device, ParamValue, _check_type, _kind, _member, _same, _show
+from autotuner.space.values import Device, ParamValue, _check_type, _kind, _member, _same
 from autotuner.space.versions import version_in
 
 
@@ -139,20 +140,20 @@ class _Resolver:
 
     def _resolve_fixed(self, d: _Decl, value: ParamValue, at: str) -> None:
         if not _check_type(d.type, value):
-            self.problems.append(f"{at}.fixed: {_show(value)} is not {_kind(d.type)}")
+            self.problems.append(f"{at}.fixed: {show_value(value)} is not {_kind(d.type)}")
             return
         if (why := _outside_limits(d, value)) is not None:
             self.problems.append(f"{at}.fixed: {why}")
             return
         if _is_lossy(d, value) and not self.ctx.allow_lossy:
             self.problems.append(
-                f"{at}.fixed: {_show(value)} changes outputs; set search.allow_lossy: true"
+                f"{at}.fixed: {show_value(value)} changes outputs; set search.allow_lossy: true"
             )
             return
         for req in d.requires:
             why = _unmet(req, value, self.ctx)
             if why is not None:
-                self.problems.append(f"{at}.fixed: {_show(value)} {why}")
+                self.problems.append(f"{at}.fixed: {show_value(value)} {why}")
                 return
         self._pin(d, value, "SLA search")
 
@@ -163,7 +164,7 @@ class _Resolver:
         if ov.values is not None:
             bad = [v for v in ov.values if not _check_type(d.type, v)]
             if bad:
-                self.problems.append(f"{at}.values: {_show(bad[0])} is not {_kind(d.type)}")
+                self.problems.append(f"{at}.values: {show_value(bad[0])} is not {_kind(d.type)}")
                 return None
             outside = [w for v in ov.values if (w := _outside_limits(d, v)) is not None]
             if outside:
@@ -171,8 +172,9 @@ class _Resolver:
                 return None
             lossy = [v for v in ov.values if _is_lossy(d, v)]
             if lossy and not ctx.allow_lossy:
+                shown = show_value(lossy[0])
                 self.problems.append(
-                    f"{at}.values: {_show(lossy[0])} changes outputs; set search.allow_lossy: true"
+                    f"{at}.values: {shown} changes outputs; set search.allow_lossy: true"
                 )
                 return None
             choices = list(ov.values)
@@ -187,14 +189,14 @@ class _Resolver:
         if choices is None:
             for name, bound in (("low", ov.low), ("high", ov.high)):
                 if bound is not None and not _check_type(d.type, bound):
-                    self.problems.append(f"{at}.{name}: {_show(bound)} is not {_kind(d.type)}")
+                    self.problems.append(f"{at}.{name}: {show_value(bound)} is not {_kind(d.type)}")
                     return None
             low = ov.low if ov.low is not None else low
             high = ov.high if ov.high is not None else high
             log = ov.log if ov.log is not None else log
             assert low is not None and high is not None
             if low > high:
-                self.problems.append(f"{at}: low ({_show(low)}) > high ({_show(high)})")
+                self.problems.append(f"{at}: low ({show_value(low)}) > high ({show_value(high)})")
                 return None
             if log and low <= 0:
                 self.problems.append(f"{at}: a log range needs low > 0")
@@ -247,7 +249,7 @@ class _Resolver:
             single = [spec.low]
         if single is not None:
             if _same(single[0], d.default):
-                self._drop(d, f"only the default ({_show(d.default)}) remains")
+                self._drop(d, f"only the default ({show_value(d.default)}) remains")
             else:
                 self._pin(d, single[0], "only value left")
             return
@@ -261,7 +263,7 @@ class _Resolver:
                 dynamic.append(cond)
             elif not cond.holds(self.static.get(parent, self.decls[parent].default)):
                 value = self.static.get(parent, self.decls[parent].default)
-                self._drop(d, f"inactive: {parent} is {_show(value)}")
+                self._drop(d, f"inactive: {parent} is {show_value(value)}")
                 return
         self.params.append(
             ParamSpec(

@@ -10,9 +10,10 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from autotuner.core.show import show_value
 from autotuner.space.conditions import Condition
 from autotuner.space.strategy import Hopeless, Monotone, Prior
-from autotuner.space.values import Device, ParamType, ParamValue, _show
+from autotuner.space.values import Device, ParamType, ParamValue
 
 if TYPE_CHECKING:
     import optuna
@@ -45,9 +46,9 @@ class ParamSpec:
 
     def domain(self) -> str:
         if self.choices is not None:
-            return "{" + ", ".join(_show(c) for c in self.choices) + "}"
-        extra = " log" if self.log else (f" step {_show(self.step)}" if self.step else "")
-        return f"[{_show(self.low)}, {_show(self.high)}]{extra}"
+            return "{" + ", ".join(show_value(c) for c in self.choices) + "}"
+        extra = " log" if self.log else (f" step {show_value(self.step)}" if self.step else "")
+        return f"[{show_value(self.low)}, {show_value(self.high)}]{extra}"
 
 
 @dataclass(frozen=True)
@@ -177,13 +178,13 @@ class SearchSpace:
             lines.append(f"  tune  {p.name}: {p.type} {p.domain()}{cond}")
         for name, value in self.fixed.items():
             by = self.fixed_by.get(name, "")
-            lines.append(f"  fixed {name} = {_show(value)}" + (f" ({by})" if by else ""))
+            lines.append(f"  fixed {name} = {show_value(value)}" + (f" ({by})" if by else ""))
         # Choices dropped for the same reason share a line: "tensor_parallel_size=2, 4, 8: ...".
         grouped: dict[tuple[str, str, bool], list[ParamValue]] = {}
         for d in self.dropped:
             grouped.setdefault((d.param, d.reason, d.is_choice), []).append(d.value)
         for (param, reason, is_choice), values in grouped.items():
-            what = f"{param}={', '.join(_show(v) for v in values)}" if is_choice else param
+            what = f"{param}={', '.join(show_value(v) for v in values)}" if is_choice else param
             lines.append(f"  drop  {what}: {reason}")
         return lines
 

@@ -1,23 +1,13 @@
-"""Values of parameters: their types, how they compare and how they are shown in messages."""
+"""Values of parameters: their types, how they compare, and whether one fits a declared type."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 ParamValue = bool | int | float | str | None
 ParamType = Literal["int", "float", "bool", "categorical"]
 Device = Literal["cpu", "gpu"]
-
-
-def _show(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
 
 
 def _same(a: ParamValue, b: ParamValue) -> bool:
