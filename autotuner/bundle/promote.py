@@ -116,7 +116,20 @@ def promote(
     *,
     gate: GateRun | None = None,
 ) -> dict[str, Any]:
-    """Choose, confirm and write the bundle. Returns the manifest as written (its JSON form).
+    """Choose, confirm and write the bundle (:func:`promote_manifest`). Returns the manifest
+    as written, in its JSON form."""
+    return promote_manifest(ctx, run, say, profile, gate=gate).to_data()
+
+
+def promote_manifest(
+    ctx: Context,
+    run: ConfirmRun,
+    say: Say = print,
+    profile: ProfileRun | None = None,
+    *,
+    gate: GateRun | None = None,
+) -> Manifest:
+    """Choose, confirm and write the bundle. Returns the manifest as written.
 
     ``gate``: the quality gate a lossy winner must pass (``search.allow_lossy``:
     :mod:`autotuner.bundle.lossy_tier`); without it no lossy config is promoted.
@@ -138,7 +151,7 @@ def promote(
         nothing = NoDecision(reason="no measured config met the SLA")
         manifest = _manifest(ctx, None, nothing, [], ranked, {})
         manifest.write(ctx.study_dir / "no_promotion.json")
-        return manifest.to_data()
+        return manifest
     tiered = lossy_tier.decide(ctx, cands, run, say, gate)
     if tiered is None:
         decision, reps, configs = confirm(ctx, ranked, run, say)
@@ -150,7 +163,7 @@ def promote(
         nothing = NoDecision(reason=decision.reason)
         manifest = _manifest(ctx, None, nothing, [], ranked, {})
         manifest.write(ctx.study_dir / "no_promotion.json")
-        return manifest.to_data()
+        return manifest
     chosen = configs[decision.promoted]
     # It meets the SLA when its search launch and every confirmation replicate of it met it.
     meets = met_throughout(reps, decision.promoted, chosen.feasible)
@@ -180,7 +193,7 @@ def promote(
         time=manifest.created or "",
     )
     StudyRecord(promotion=note).save(ctx.study.set_user_attr)
-    return manifest.to_data()
+    return manifest
 
 
 def _closest(ctx: Context, cands: Sequence[Candidate]) -> str:

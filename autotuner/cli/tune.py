@@ -56,7 +56,7 @@ def main_tune(
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        manifest = tune(
+        promotion = tune(
             sla,
             trials_dir=Path(trials_dir),
             budget_trials=trials,
@@ -74,8 +74,8 @@ def main_tune(
         ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if manifest.get("promoted") is None:
+    if promotion is None:
         return 1
     bundle = Path(trials_dir) / sla.name / "promoted"
     print(f"bundle: {bundle}")
-    return 0 if manifest["promoted"].get("meets_sla") else 1
+    return 0 if promotion.meets_sla else 1

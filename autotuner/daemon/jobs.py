@@ -22,7 +22,8 @@ from autotuner.core.paths import atomic_write_text, models_dir
 from autotuner.daemon.store import SlaRow
 from autotuner.engines import envs
 from autotuner.records.base import RecordError
-from autotuner.records.manifest import Confirmation, Manifest, Measurements, Spread
+from autotuner.records.manifest import Manifest
+from autotuner.records.promotion import Promotion
 from autotuner.records.trial import TrialRecord
 from autotuner.sla.spec import Sla, parse_sla, to_yaml
 
@@ -176,32 +177,13 @@ def regression_argv(
     ]
 
 
-def promotion_from(layout: Layout, sla: str, engine: str, now: float) -> dict[str, Any] | None:
+def promotion_from(layout: Layout, sla: str, engine: str, now: float) -> Promotion | None:
     """The promotion a finished tune left in its bundle, as the daemon records it."""
-    manifest = Manifest.read_or_none(layout.bundle(sla, engine) / "optimization_manifest.json")
-    if manifest is None or manifest.promoted is None:
+    bundle = layout.bundle(sla, engine)
+    manifest = Manifest.read_or_none(bundle / "optimization_manifest.json")
+    if manifest is None:
         return None
-    promoted = manifest.promoted
-    measurements = manifest.measurements or Measurements()
-    confirmation = measurements.confirmation or Confirmation()
-    goodput = confirmation.spread.get(str(promoted.label), {}).get("goodput", Spread()).mean
-    if goodput is None and measurements.search is not None:
-        goodput = (measurements.search.at_sla_load or {}).get("goodput")
-    return {
-        "engine": engine,
-        "engine_version": manifest.provenance.engine_version if manifest.provenance else None,
-        "bundle": str(layout.bundle(sla, engine)),
-        "label": promoted.label,
-        "params": dict(promoted.params),
-        "meets_sla": promoted.meets_sla,
-        "goodput": goodput,
-        # Read from a "spread" key the manifest's spread never had, so always None (kept as
-        # it was; the replicates' relative spread is decision.per_config[label]).
-        "goodput_spread": None,
-        "load": confirmation.load,
-        "manifest_created": manifest.created,
-        "time": now,
-    }
+    return Promotion.from_manifest(manifest, engine=engine, bundle=str(bundle), time=now)
 
 
 def study_summary(layout: Layout, sla: str, engine: str) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class Recheck(Kind):
     def argv(self, d: Daemon, job: Job, row: SlaRow) -> list[str]:
         p = row.promotion
         assert p is not None  # cannot_run said so
-        argv = jobs.recheck_argv(d.layout, job.sla, p["engine"], job.id, p["params"])
+        argv = jobs.recheck_argv(d.layout, job.sla, p.engine or row.engine, job.id, p.params)
         return [*argv, *jobs.outcome_argv(d.layout, job.sla, job.id)]
 
     def finished(self, d: Daemon, job: Job, code: int) -> dict[str, Any]:

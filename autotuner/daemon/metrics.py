@@ -126,14 +126,14 @@ class StoreCollector(Collector):
                 best_load.add_metric([row.name], float(summary["best_max_load"]))
             p = row.promotion
             met = summary.get("sla_met")  # set by every tune since it was added
-            if met is None and p:
-                met = p.get("meets_sla")
-            if met is not None or p:
+            if met is None and p is not None:
+                met = p.meets_sla
+            if met is not None or p is not None:
                 feasible.add_metric([row.name], 1.0 if met else 0.0)
-            if p:
-                if p.get("goodput") is not None:
-                    promoted.add_metric([row.name, str(p.get("engine"))], float(p["goodput"]))
-                last.add_metric([row.name], float(p.get("time", 0.0)))
+            if p is not None:
+                if p.goodput is not None:
+                    promoted.add_metric([row.name, str(p.engine)], p.goodput)
+                last.add_metric([row.name], p.time or 0.0)
         yield from (trials, best, best_load, feasible, promoted, last)
 
         verdict = GaugeMetricFamily(

@@ -14,6 +14,7 @@ from autotuner.records.base import RecordError
 from autotuner.records.bench import BenchResult
 from autotuner.records.compare import EngineComparison
 from autotuner.records.outcome import JobOutcome
+from autotuner.records.promotion import Promotion
 from autotuner.sla.spec import SlaError, parse_sla
 
 if TYPE_CHECKING:
@@ -25,18 +26,18 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     summary = jobs.study_summary(d.layout, job.sla, job.engine)
     found = promo = jobs.promotion_from(d.layout, job.sla, job.engine, time.time())
     if row is None:
-        return {"promotion": promo}
+        return {"promotion": None if promo is None else promo.to_json()}
     fields: dict[str, Any] = {"summary": summary}
     current = row.promotion
     # Exit 0 means a config confirmed to meet the SLA was promoted; a bundle left by an earlier
     # tune (this one found nothing to promote) does not count.
-    met = code == 0 and promo is not None and bool(promo["meets_sla"])
+    met = code == 0 and promo is not None and promo.meets_sla
     if promo is not None and _same_bundle(promo, current):
         promo = None  # nothing new was promoted: the promotion in force keeps its time
     if promo is not None:
-        if current is None or current.get("engine") == job.engine:
+        if current is None or current.engine == job.engine:
             fields.update(promotion=promo, engine=job.engine)
-        elif promo["meets_sla"] or not current.get("meets_sla"):
+        elif promo.meets_sla or not current.meets_sla:
             # A re-tune on a new engine takes over; the old promotion stays as fallback.
             fields.update(promotion=promo, fallback=current, engine=job.engine)
         else:
@@ -45,8 +46,8 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
                 job.sla,
                 "warning",
                 f"{job.sla}: the re-tune on {job.engine} found nothing that meets the SLA; "
-                f"the promotion on {current.get('engine')} stays in force",
-                {"engine": job.engine, "old_engine": current.get("engine")},
+                f"the promotion on {current.engine} stays in force",
+                {"engine": job.engine, "old_engine": current.engine},
             )
     if not met:
         d.alert(
@@ -55,7 +56,7 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
             "warning",
             f"{job.sla}: no configuration confirmed to meet the SLA on {job.engine}"
             + ("" if promo is not None else "; nothing new promoted"),
-            {"engine": job.engine, "goodput": None if promo is None else promo.get("goodput")},
+            {"engine": job.engine, "goodput": None if promo is None else promo.goodput},
         )
     summary["sla_met"] = _sla_met(met, fields.get("promotion"), current, row.summary, job.engine)
     d.store.update_sla(job.sla, **fields)
@@ -66,23 +67,23 @@ def tune_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
             first = None
         if first is not None:
             d.store.update_sla(job.sla, next_check=first)
-    return {"promotion": found, "summary": summary}
+    return {"promotion": None if found is None else found.to_json(), "summary": summary}
 
 
-def _same_bundle(promo: dict[str, Any], current: dict[str, Any] | None) -> bool:
+def _same_bundle(promo: Promotion, current: Promotion | None) -> bool:
     """Whether ``promo`` is the bundle already in force (same engine, same manifest)."""
     return (
         current is not None
-        and promo.get("manifest_created") is not None
-        and current.get("engine") == promo["engine"]
-        and current.get("manifest_created") == promo["manifest_created"]
+        and promo.manifest_created is not None
+        and current.engine == promo.engine
+        and current.manifest_created == promo.manifest_created
     )
 
 
 def _sla_met(
     met: bool,
-    new: dict[str, Any] | None,
-    current: dict[str, Any] | None,
+    new: Promotion | None,
+    current: Promotion | None,
     summary: dict[str, Any] | None,
     engine: str,
 ) -> bool:
@@ -91,10 +92,10 @@ def _sla_met(
     A new promotion, or a tune on the engine in force that found nothing, decides it; when a
     tune on another engine found nothing, the promotion in force stays as it was judged.
     """
-    if new is not None or current is None or current.get("engine") == engine:
+    if new is not None or current is None or current.engine == engine:
         return met
     before = (summary or {}).get("sla_met")
-    return bool(current.get("meets_sla")) if before is None else bool(before)
+    return current.meets_sla if before is None else bool(before)
 
 
 def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
@@ -112,23 +113,23 @@ def recheck_done(d: Daemon, job: Job, code: int) -> dict[str, Any]:
     if row is None or row.promotion is None:
         return out
     p = row.promotion
-    engine = p["engine"]
+    engine = p.engine
     if code != 0:
         d.alert(
             "sla_violation",
             job.sla,
             "critical",
-            f"{job.sla}: the promoted config ({p.get('label')}) no longer meets the SLA on "
+            f"{job.sla}: the promoted config ({p.label}) no longer meets the SLA on "
             f"{engine}: it missed the SLA; re-tuning",
             {"engine": engine, "goodput": goodput},
         )
         if not d.store.pending(job.sla, "tune"):
             d.enqueue_tune(job.sla, row.engine, extra=retune_trials(d, job.sla))
         return out
-    expected = p.get("goodput")
-    if isinstance(goodput, int | float) and isinstance(expected, int | float) and expected > 0:
+    expected = p.goodput
+    if isinstance(goodput, int | float) and expected is not None and expected > 0:
         drop = 1.0 - goodput / expected
-        threshold = max(d.config.regression.min_effect, float(p.get("goodput_spread") or 0))
+        threshold = d.config.regression.min_effect
         out.update(expected=expected, change=-drop, threshold=threshold)
         if drop > threshold:
             d.alert(

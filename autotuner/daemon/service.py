@@ -56,6 +56,7 @@ from autotuner.daemon.offload import ParseSlots
 from autotuner.daemon.store import Job, SlaRow, Store
 from autotuner.engines import envs
 from autotuner.records.daemon import DaemonInfo
+from autotuner.records.promotion import Promotion
 from autotuner.sla.spec import Sla, SlaError, TuneSpec, parse_sla
 
 logger = logging.getLogger(__name__)
@@ -433,7 +434,7 @@ class Daemon:
             raise SubmitError(404, [f"no SLA named {name!r}"])
         if row.promotion is None:
             raise SubmitError(409, [f"{name}: nothing promoted yet to re-check"])
-        return self.enqueue_recheck(name, row.promotion["engine"], priority=1)
+        return self.enqueue_recheck(name, row.promotion.engine or row.engine, priority=1)
 
     def list_jobs(self, states: tuple[str, ...] = (), limit: int = 200) -> list[Job]:
         return self.store.jobs(states=states, limit=limit)
@@ -705,7 +706,7 @@ class Daemon:
             return None  # already busy: the next night will check again
         if row.promotion is None:
             return self.enqueue_tune(row.name, row.engine)
-        return self.enqueue_recheck(row.name, row.promotion["engine"])
+        return self.enqueue_recheck(row.name, row.promotion.engine or row.engine)
 
     def _schedule_failed(self, row: SlaRow, exc: Exception) -> None:
         """Say once per schedule that an SLA's re-checks can't be planned (a schedule that
@@ -1012,11 +1013,12 @@ class Daemon:
             await asyncio.sleep(0.1)
 
 
-def _brief(p: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not p:
+def _brief(p: Promotion | None) -> dict[str, Any] | None:
+    if p is None:
         return None
     keys = ("engine", "engine_version", "label", "meets_sla", "goodput", "time", "bundle")
-    return {k: p.get(k) for k in keys}
+    data = p.to_json()
+    return {k: data[k] for k in keys}
 
 
 def check_priority(priority: int) -> None:

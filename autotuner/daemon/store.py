@@ -16,7 +16,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 from autotuner.core.sqlite_check import damage
 from autotuner.daemon.errors import StoreDamaged, StoreSchemaError
+from autotuner.records.base import RecordError
+from autotuner.records.promotion import Promotion
 
 JobKind = Literal["tune", "recheck", "regression"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -147,12 +149,17 @@ class SlaRow:
     engine: str
     submitted: float
     next_check: float | None
-    promotion: dict[str, Any] | None
-    fallback: dict[str, Any] | None
+    promotion: Promotion | None  # the promotion in force
+    fallback: Promotion | None  # the one a re-tune on another engine took over from
     summary: dict[str, Any] | None
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """The row as JSON."""
+        return {
+            **self.__dict__,
+            "promotion": None if self.promotion is None else self.promotion.to_json(),
+            "fallback": None if self.fallback is None else self.fallback.to_json(),
+        }
 
 
 # The columns that hold JSON, per table (with the column that names a row): each value is a
@@ -185,11 +192,38 @@ def _loads(text: Any, where: str) -> dict[str, Any] | None:
     return value
 
 
+def _promotion(text: Any, where: str) -> Promotion | None:
+    """A promotion column's value (None for NULL); BadRow unless it is a promotion."""
+    value = _loads(text, where)
+    if value is None:
+        return None
+    try:
+        return Promotion.from_json(value, f"daemon.db: {where}")
+    except RecordError as exc:
+        raise BadRow(str(exc)) from None
+
+
+def _stored(value: Any) -> Any:
+    """A promotion as its JSON object; a plain mapping is checked as one first."""
+    if isinstance(value, Mapping):
+        value = Promotion.from_json(value)
+    return value.to_json() if isinstance(value, Promotion) else value
+
+
 def _object(text: Any, where: str) -> dict[str, Any]:
     value = _loads(text, where)
     if value is None:
         raise BadRow(f"daemon.db: {where}: a JSON object was expected, found NULL")
     return value
+
+
+# How each JSON column is read back (the others: a JSON object or NULL).
+_READERS: dict[str, Callable[[Any, str], object]] = {
+    "args": _object,
+    "details": _object,
+    "promotion": _promotion,
+    "fallback": _promotion,
+}
 
 
 def _job(row: sqlite3.Row) -> Job:
@@ -202,8 +236,9 @@ def _job(row: sqlite3.Row) -> Job:
 
 def _sla(row: sqlite3.Row) -> SlaRow:
     d = dict(row)
-    for k in ("promotion", "fallback", "summary"):
-        d[k] = _loads(d[k], f"slas row {d['name']!r}, column {k}")
+    for k in ("promotion", "fallback"):
+        d[k] = _promotion(d[k], f"slas row {d['name']!r}, column {k}")
+    d["summary"] = _loads(d["summary"], f"slas row {d['name']!r}, column summary")
     return SlaRow(**d)
 
 
@@ -271,7 +306,7 @@ class Store:
             for row in rows:
                 for column in columns:
                     where = f"{table} row {row[key]!r}, column {column}"
-                    read = _object if column in ("args", "details") else _loads
+                    read = _READERS.get(column, _loads)
                     try:
                         read(row[column], where)
                     except BadRow as exc:
@@ -373,7 +408,9 @@ class Store:
         if not fields or not set(fields) <= allowed:
             raise ValueError(f"cannot update {sorted(set(fields) - allowed)}")
         values = [
-            json.dumps(v) if k in ("promotion", "fallback", "summary") and v is not None else v
+            json.dumps(_stored(v) if k in ("promotion", "fallback") else v)
+            if k in ("promotion", "fallback", "summary") and v is not None
+            else v
             for k, v in fields.items()
         ]
         sets = ", ".join(f"{k}=?" for k in fields)

@@ -69,7 +69,7 @@ def engine_changed(d: Daemon, name: str, old_version: str | None, version: str) 
         p = row.promotion
         if not p:
             continue
-        current = str(p["engine"])
+        current = p.engine or row.engine
         try:
             cur_env = envs.get(current)
         except envs.EngineEnvError:

@@ -21,7 +21,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotuner.bundle.promote import Context, promote
+from autotuner.bundle.promote import Context, promote_manifest
 from autotuner.core import hardware
 from autotuner.core.errors import EngineStartFailed
 from autotuner.core.paths import atomic_write_text
@@ -36,7 +36,8 @@ from autotuner.measure.launch import resolve_model
 from autotuner.measure.levels import resolution_notes
 from autotuner.measure.quality import GateResult
 from autotuner.models.folder import read_config
-from autotuner.records.manifest import GpuAccount, Manifest
+from autotuner.records.manifest import Manifest
+from autotuner.records.promotion import Promotion
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import rerun, rules
 from autotuner.search.capacity_compare import two_pair_warning
@@ -165,10 +166,10 @@ def _check_measured(study: optuna.Study, study_dir: Path) -> None:
     )
 
 
-def _reprint(manifest: Manifest, study: optuna.Study) -> dict[str, Any]:
+def _reprint(manifest: Manifest, study: optuna.Study) -> Promotion | None:
     for line in rerun.describe(manifest, len(rerun.launches(study))):
         _say(line)
-    return manifest.to_data()
+    return Promotion.from_manifest(manifest)
 
 
 def tune(
@@ -181,8 +182,9 @@ def tune(
     address: str | None = None,
     reconfirm: bool = False,
     fresh: bool = False,
-) -> dict[str, Any]:
-    """Run (or resume) the study of ``sla`` and promote. Returns the manifest.
+) -> Promotion | None:
+    """Run (or resume) the study of ``sla`` and promote. Returns what was promoted (None:
+    nothing was); the bundle's manifest holds the rest.
 
     ``extra_trials`` > 0 sets the budget to the launches already counted plus that many (a
     re-tune of a finished study); with ``fresh`` the re-tune decides on its own launches only,
@@ -214,7 +216,7 @@ def _tune(
     address: str | None,
     reconfirm: bool,
     fresh: bool = False,
-) -> dict[str, Any]:
+) -> Promotion | None:
     """:func:`tune`, with the study held."""
     model_dir = resolve_model(sla, _say)
     engine_adapter = registry.get(sla.engine.kind)  # the study's engine: resolved once, here
@@ -451,10 +453,10 @@ def _tune(
             sla, study, study_dir, space, hw, model_dir, engine, python, url, engine_adapter
         )
         profiling = profile_run if kernel_profile.enabled(sla) else None
-        manifest = promote(ctx, confirm_run, _say, profiling, gate=gate_run)
-        if (spent := manifest.get("gpu_minutes")) is not None:
-            _say(GpuAccount.model_validate(spent).describe())
-        return manifest
+        manifest = promote_manifest(ctx, confirm_run, _say, profiling, gate=gate_run)
+        if manifest.gpu_minutes is not None:
+            _say(manifest.gpu_minutes.describe())
+        return Promotion.from_manifest(manifest)
     except KeyboardInterrupt:
         release_own(study, _say)  # so a resume on any machine measures them again
         raise

@@ -27,6 +27,7 @@ from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.service import Daemon
 from autotuner.engines import envs
 from autotuner.records.outcome import JobOutcome
+from autotuner.records.promotion import Promotion
 
 ROOT = Path(__file__).resolve().parents[3]
 SLA_FILE = str(ROOT / "objectives" / "quickstart-cpu.yaml")
@@ -108,21 +109,21 @@ def test_a_crash_exits_70_and_its_outcome_file_says_error(
 
 
 @pytest.mark.parametrize(
-    ("manifest", "code", "status"),
+    ("promotion", "code", "status"),
     [
-        ({"promoted": {"meets_sla": True}}, 0, "met"),
-        ({"promoted": {"meets_sla": False}}, 1, "not_met"),
-        ({"promoted": None}, 1, "not_met"),
+        (Promotion(label="trial-1", meets_sla=True), 0, "met"),
+        (Promotion(label="baseline", meets_sla=False), 1, "not_met"),
+        (None, 1, "not_met"),
     ],
 )
 def test_tune_writes_met_or_not_met_with_its_exit_code(
-    manifest: dict[str, Any],
+    promotion: Promotion | None,
     code: int,
     status: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tune_cli, "tune", lambda *a, **k: manifest)
+    monkeypatch.setattr(tune_cli, "tune", lambda *a, **k: promotion)
     out = tmp_path / "outcome.json"
     assert main([*_argv("tune", tmp_path), "--outcome", str(out)]) == code
     outcome = JobOutcome.read(out)

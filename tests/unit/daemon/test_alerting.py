@@ -200,7 +200,7 @@ def test_a_failed_recheck_fires_a_rule_and_an_empty_retune_exports_sla_feasible_
     _bundle(daemon, meets_sla=True)
     _tune_ended(daemon, 0)
     assert _sample(_scrape(daemon), "autotuner_sla_feasible", "p") == 1.0
-    promoted_at = daemon.store.get_sla("p").promotion["time"]  # type: ignore[union-attr,index]
+    promoted_at = daemon.store.get_sla("p").promotion.time  # type: ignore[union-attr]
 
     _recheck_ended(daemon, 1)  # the nightly re-check missed the SLA: a re-tune is queued
     assert daemon.store.pending("p", "tune") is not None
@@ -214,7 +214,7 @@ def test_a_failed_recheck_fires_a_rule_and_an_empty_retune_exports_sla_feasible_
     assert _sample(scraped, "autotuner_sla_feasible", "p") == 0.0
     row = daemon.store.get_sla("p")
     assert row is not None and row.promotion is not None
-    assert row.promotion["time"] == promoted_at  # nothing new was promoted
+    assert row.promotion.time == promoted_at  # nothing new was promoted
     assert daemon.store.alerts()[0]["kind"] == "sla_infeasible"
     expected = {"AutotunerRecheckFailed": [recheck_failed], "AutotunerSlaNotMet": [recheck_failed]}
     _fired(scraped, tmp_path / "b", 31, expected)
@@ -242,7 +242,7 @@ def test_a_retune_on_another_engine_that_finds_nothing_keeps_the_promotion_met(
     assert job is not None
     daemon._tune_done(job, 1)
     row = daemon.store.get_sla("p")
-    assert row is not None and row.promotion is not None and row.promotion["engine"] == "eng-a"
+    assert row is not None and row.promotion is not None and row.promotion.engine == "eng-a"
     assert _sample(_scrape(daemon), "autotuner_sla_feasible", "p") == 1.0
 
 

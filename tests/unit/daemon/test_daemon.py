@@ -403,7 +403,7 @@ def test_regression_outcome_alerts_with_numbers_and_queues_retune(daemon: Daemon
     assert daemon.store.latest_verdicts()[0]["verdict"] == "regression"
     retune = daemon.store.pending("p", "tune")
     assert retune is not None and retune.engine == "eng-b"
-    assert daemon.store.get_sla("p").promotion["engine"] == "eng-a"  # type: ignore[union-attr,index]
+    assert daemon.store.get_sla("p").promotion.engine == "eng-a"  # type: ignore[union-attr]
 
 
 def test_tune_on_a_new_engine_keeps_the_old_promotion_as_fallback(daemon: Daemon) -> None:
@@ -425,8 +425,8 @@ def test_tune_on_a_new_engine_keeps_the_old_promotion_as_fallback(daemon: Daemon
     daemon._tune_done(job, 0)
     row = daemon.store.get_sla("p")
     assert row is not None and row.promotion is not None and row.fallback is not None
-    assert row.promotion["engine"] == "eng-b" and row.promotion["goodput"] == 2.6
-    assert row.fallback["engine"] == "eng-a" and row.engine == "eng-b"
+    assert row.promotion.engine == "eng-b" and row.promotion.goodput == 2.6
+    assert row.fallback.engine == "eng-a" and row.engine == "eng-b"
 
 
 def test_recheck_below_the_promised_goodput_alerts(daemon: Daemon) -> None:

@@ -65,7 +65,7 @@ def test_a_recheck_whose_engine_failed_to_start_is_no_sla_violation(daemon: Daem
     assert "no re-tune is queued" in alert["summary"]
     assert daemon.store.pending("p", "tune") is None
     row = daemon.store.get_sla("p")
-    assert row is not None and row.promotion is not None and row.promotion["meets_sla"] is True
+    assert row is not None and row.promotion is not None and row.promotion.meets_sla is True
     assert _last_check_met(daemon) == []  # no check to report, not "missed"
 
     # A re-check that measured a miss is still the SLA's verdict.

@@ -230,8 +230,8 @@ def test_legacy_manifest_feeds_compare_engines_and_the_daemon(tmp_path: Path) ->
     params, load, label = regress._promoted(bundle)
     assert params == {"load_format": "dummy"} and label == "baseline" and load is not None
     promo = jobs.promotion_from(layout, "s", "e", 5.0)
-    assert promo is not None and promo["label"] == "baseline" and promo["load"] == load
-    assert promo["engine_version"] == "vllm 0.26.0" and promo["meets_sla"] is False
+    assert promo is not None and promo.label == "baseline" and promo.load == load
+    assert promo.engine_version == "vllm 0.26.0" and promo.meets_sla is False
 
 
 def _legacy_study(tmp_path: Path) -> optuna.Study:
@@ -471,9 +471,9 @@ def test_a_manifest_written_by_promote_is_read_back_by_every_reader(tmp_path: Pa
     path.parent.rename(layout.bundle("s", "e"))
     promo = jobs.promotion_from(layout, "s", "e", 9.0)
     assert promo is not None
-    assert promo["label"] == "trial-4" and promo["meets_sla"] is True
-    assert promo["goodput"] == pytest.approx(30.0) and promo["load"] == pytest.approx(29.0)
-    assert promo["engine_version"] == "vllm 0.32.0 (cpu)"
+    assert promo.label == "trial-4" and promo.meets_sla is True
+    assert promo.goodput == pytest.approx(30.0) and promo.load == pytest.approx(29.0)
+    assert promo.engine_version == "vllm 0.32.0 (cpu)"
     # The study remembers the promotion as a versioned study record.
     note = StudyRecord.from_attrs(ctx.study.user_attrs, "promote-unit").promotion
     assert note is not None and note.trial == 4 and note.time == on_disk["created"]
