@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotuner import __version__
 from autotuner.bundle import fallback_roles, lossy_tier, report
@@ -102,10 +102,6 @@ class Context:
     engine_python: Path
     storage: str
     engine: EngineAdapter  # the adapter of the engine kind the study tuned
-
-
-def label(t: FrozenTrial) -> str:
-    return "baseline" if TrialRecord.from_trial(t).baseline else f"trial-{t.number}"
 
 
 def promote(
