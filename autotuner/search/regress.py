@@ -53,25 +53,6 @@ Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class Sample:
-    engine: str  # "old" or "new"
-    replicate: int
-    started: bool  # the engine came up and was measured
-    metrics: dict[str, float | None]
-    feasible: bool = False
-    cause: str | None = None  # why it did not start / was not measured
-    run_dir: str = ""
-
-    def to_record(self) -> ReplicateLine:
-        """A line of ``replicates.jsonl``."""
-        return ReplicateLine.model_validate(asdict(self))
-
-    @classmethod
-    def from_record(cls, r: ReplicateLine) -> Sample:
-        return cls(**r.model_dump(exclude={"schema_version"}))
-
-
-@dataclass(frozen=True)
 class MetricChange:
     metric: str
     old_mean: float | None
@@ -151,7 +132,7 @@ def compare_metric(
     return MetricChange(metric, old_mean, new_mean, change, low, high, min_effect, direction)
 
 
-def decide(samples: Sequence[Sample], min_effect: float) -> Outcome:
+def decide(samples: Sequence[ReplicateLine], min_effect: float) -> Outcome:
     """The verdict from interleaved samples of both engines (see the module docstring)."""
     started = {e: [s for s in samples if s.engine == e and s.started] for e in ("old", "new")}
     tried = {e: [s for s in samples if s.engine == e] for e in ("old", "new")}
@@ -216,19 +197,19 @@ def decide(samples: Sequence[Sample], min_effect: float) -> Outcome:
 
 # --------------------------------------------------------------------------- running it
 
-RunOne = Callable[[str, Path], Sample]
+RunOne = Callable[[str, Path], ReplicateLine]
 
 
 def run_replicates(
     engines: Sequence[str], replicates: int, work_dir: Path, run_one: RunOne, say: Say
-) -> list[Sample]:
+) -> list[ReplicateLine]:
     """Interleaved launches; finished ones are kept in ``replicates.jsonl`` and not re-run."""
     journal = work_dir / "replicates.jsonl"
-    done: dict[tuple[str, int], Sample] = {}
+    done: dict[tuple[str, int], ReplicateLine] = {}
     if journal.is_file():
         for n, line in enumerate(journal.read_text().splitlines(), 1):
             if line.strip():
-                s = Sample.from_record(ReplicateLine.from_json(line, f"{journal} line {n}"))
+                s = ReplicateLine.from_json(line, f"{journal} line {n}")
                 done[(s.engine, s.replicate)] = s
     plan = interleaved_order(list(engines), replicates)
     for i, (r, engine) in enumerate(plan, 1):
@@ -236,9 +217,9 @@ def run_replicates(
             continue
         say(f"replicate {i}/{len(plan)}: {engine} engine, replicate {r + 1}")
         sample = run_one(engine, work_dir / f"{engine}-r{r}")
-        sample = Sample(**{**asdict(sample), "engine": engine, "replicate": r})
+        sample = sample.model_copy(update={"engine": engine, "replicate": r})
         with journal.open("a") as f:
-            f.write(sample.to_record().to_json(indent=None) + "\n")
+            f.write(sample.to_json(indent=None) + "\n")
         done[(engine, r)] = sample
         g = sample.metrics.get("goodput")
         say(
@@ -250,7 +231,7 @@ def run_replicates(
     return [done[(e, r)] for r, e in plan]
 
 
-def _check_reference(samples: Sequence[Sample], old: str, work_dir: Path) -> None:
+def _check_reference(samples: Sequence[ReplicateLine], old: str, work_dir: Path) -> None:
     """Raise EngineStartFailed when the old engine measured nothing in any replicate (no
     verdict is possible); the failed replicates leave the journal, so a retry runs them."""
     tried = [s for s in samples if s.engine == "old"]
@@ -259,7 +240,7 @@ def _check_reference(samples: Sequence[Sample], old: str, work_dir: Path) -> Non
     kept = [s for s in samples if s.started]
     atomic_write_text(
         work_dir / "replicates.jsonl",
-        "".join(s.to_record().to_json(indent=None) + "\n" for s in kept),
+        "".join(s.to_json(indent=None) + "\n" for s in kept),
     )
     causes = ", ".join(sorted({s.cause or "unknown" for s in tried}))
     raise EngineStartFailed(
@@ -312,7 +293,7 @@ def compare_engines(
         f"({' '.join(versions['new'])}) at {load:g}: {replicates} replicate(s) each, interleaved"
     )
 
-    def run_one(engine: str, run_dir: Path) -> Sample:
+    def run_one(engine: str, run_dir: Path) -> ReplicateLine:
         res = run_trial(
             params,
             sla,
@@ -326,9 +307,9 @@ def compare_engines(
         )
         # A crash while measured is no measurement either (its level is kept for the record).
         level = res.levels[0] if res.levels and res.status != "failed" else None
-        return Sample(
-            engine,
-            0,
+        return ReplicateLine(
+            engine=engine,
+            replicate=0,
             started=level is not None,
             metrics={k: level.metrics.get(k) for k in METRICS} if level else {},
             feasible=bool(level and level.feasible),
@@ -353,7 +334,7 @@ def compare_engines(
         reason=outcome.reason,
         changes=[MetricChangeRecord.model_validate(asdict(c)) for c in outcome.changes],
         counts=outcome.counts,
-        samples=[s.to_record() for s in samples],
+        samples=list(samples),
     )
     result.write(work_dir / "result.json")
     say(outcome.summary())

@@ -147,9 +147,15 @@ def test_bench_result_round_trip_keeps_the_field_names(tmp_path: Path) -> None:
 
 
 def test_engine_comparison_and_replicate_lines_round_trip(tmp_path: Path) -> None:
-    sample = regress.Sample("old", 1, True, {"goodput": 2.0}, True, run_dir="old-r1")
-    line = sample.to_record()
-    assert regress.Sample.from_record(ReplicateLine.from_json(line.to_json(None), "l")) == sample
+    line = ReplicateLine(
+        engine="old",
+        replicate=1,
+        started=True,
+        metrics={"goodput": 2.0},
+        feasible=True,
+        run_dir="old-r1",
+    )
+    assert ReplicateLine.from_json(line.to_json(None), "l") == line
     comparison = EngineComparison(verdict="no_change", reason="nothing moved", samples=[line])
     comparison.write(tmp_path / "result.json")
     assert EngineComparison.read(tmp_path / "result.json") == comparison

@@ -8,7 +8,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotuner.search.regress import Sample, decide, run_replicates
+from autotuner.records.compare import ReplicateLine
+from autotuner.search.regress import decide, run_replicates
+
+
+def Sample(  # one replicate as the journal keeps it, built positionally for brevity
+    engine: str,
+    replicate: int,
+    started: bool,
+    metrics: dict[str, float | None],
+    feasible: bool = False,
+    cause: str | None = None,
+) -> ReplicateLine:
+    return ReplicateLine(
+        engine=engine,
+        replicate=replicate,
+        started=started,
+        metrics=metrics,
+        feasible=feasible,
+        cause=cause,
+    )
 
 
 def _samples(
@@ -18,7 +37,7 @@ def _samples(
     noise: float = 0.05,
     old: tuple[float, float, float] = (2.0, 40.0, 8.0),
     new: tuple[float, float, float] = (2.0, 40.0, 8.0),
-) -> list[Sample]:
+) -> list[ReplicateLine]:
     out = []
     for engine, (g, ttft, tpot) in (("old", old), ("new", new)):
         for r in range(n):
@@ -165,7 +184,7 @@ def test_worse_in_one_metric_is_a_regression_even_if_another_improved() -> None:
 def test_replicates_are_interleaved_and_resume_from_the_journal(tmp_path: Path) -> None:
     calls: list[str] = []
 
-    def run_one(engine: str, run_dir: Path) -> Sample:
+    def run_one(engine: str, run_dir: Path) -> ReplicateLine:
         calls.append(engine)
         if len(calls) == 3:
             raise KeyboardInterrupt  # the daemon stopped mid-check
