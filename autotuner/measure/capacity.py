@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from autotuner.measure.quantile import Outcome
+from autotuner.records.trial import CapacityRecord
 
 StopReason = Literal[
     "resolution",  # the bracket is within the resolution
@@ -118,6 +119,20 @@ class Capacity:
         if self.high is None or self.low <= 0:
             return None
         return (self.high - self.low) / self.low
+
+    def to_record(self, note: str = "", resolution: float | None = None) -> CapacityRecord:
+        """What ``trial.json`` keeps of the search (the one conversion between the two): the
+        claim and its bracket, why it stopped and ``note`` saying so in words; the levels
+        are recorded with the trial and the estimate, never claimed, is left out."""
+        return CapacityRecord(
+            value=self.value,
+            low=self.low,
+            high=self.high,
+            unit=self.unit,
+            stopped_by=self.stopped_by,
+            note=note,
+            resolution=resolution,
+        )
 
     @property
     def best_level(self) -> int | None:

@@ -457,15 +457,7 @@ async def _measure_levels(
             + (f", {note}" if (note := cache_note(levels[-1].engine)) else "")
         )
     cap = search.result()
-    record = CapacityRecord(
-        value=cap.value,
-        low=cap.low,
-        high=cap.high,
-        unit=cap.unit,
-        stopped_by=cap.stopped_by,
-        note=describe_stop(cap, levels, base, settings),
-        resolution=settings.resolution,
-    )
+    record = cap.to_record(describe_stop(cap, levels, base, settings), settings.resolution)
     say(f"    capacity {record.describe()}" + (f": {record.note}" if record.low > 0 else ""))
     return record
 

@@ -347,3 +347,12 @@ def test_the_capacity_is_the_highest_met_level_with_the_bracket_above() -> None:
             r = drive(CapacitySearch(10.0), shape(c))
             met = [lv.rate for lv in r.levels if lv.verdict == "meets"]
             assert r.value == max(met) == r.low
+
+
+def test_the_record_keeps_the_claim_and_its_bracket_not_the_estimate() -> None:
+    result = drive(CapacitySearch(10.0, max_levels=5), step(27.0))
+    record = result.to_record("the level budget was spent", 0.03)
+    assert (record.value, record.low, record.high) == (result.value, result.low, result.high)
+    assert (record.unit, record.stopped_by) == (result.unit, "budget")
+    assert record.note == "the level budget was spent" and record.resolution == 0.03
+    assert "estimate" not in record.model_dump()
