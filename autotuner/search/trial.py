@@ -148,7 +148,13 @@ class Level:
 
 @dataclass(frozen=True)
 class TrialResult:
-    """What one launch measured, or why it could not be measured."""
+    """What one launch measured, or why it could not be measured.
+
+    The in-memory form of ``trial.json`` (:class:`~autotuner.records.trial.TrialFile`, with
+    :class:`Level` for its ``LevelRecord``): the same fields, plus what the search derives
+    from them. :meth:`to_record` / :meth:`from_record` are the one conversion between the two;
+    everything that reads or writes the file goes through them (:meth:`write`, :meth:`read`).
+    """
 
     params: dict[str, ParamValue]
     status: Status
