@@ -61,6 +61,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A launch whose port another process took first (between picking it and binding it) is
+# launched again on a new port, at most this many times in all.
+PORT_ATTEMPTS = 3
+# What the OS says when the port is taken (EADDRINUSE), in any server's traceback.
+_PORT_TAKEN = "Address already in use"
+
+
+class _PortTaken(Exception):
+    """Another process holds the port the engine was told to bind."""
+
+
 # How much of the end of a failed engine's log is searched for the root cause: enough for the
 # tracebacks of every process that printed one.
 ROOT_CAUSE_WINDOW_BYTES = 1024 * 1024
@@ -143,9 +154,29 @@ class ServerProcess:
     async def launch(self) -> Endpoint:
         if self._proc is not None:
             raise RuntimeError("engine already launched")
+        started = time.monotonic()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if attempt > 1:
+                taken, self.port = self.port, free_port()
+                self._note(f"port {taken} was taken by another process; launching on {self.port}")
+            try:
+                return await self._launch_once(started)
+            except _PortTaken:  # that attempt's processes are already stopped
+                self._proc, self._guard, self._tree = None, None, []
+        raise EngineLaunchError(
+            LaunchCause.OTHER,
+            f"another process took the engine's port {PORT_ATTEMPTS} times in a row",
+            tail(self.log_path),
+            None,
+        )
+
+    def _note(self, line: str) -> None:
+        with self.log_path.open("ab") as log:
+            log.write(f"# autotuner: {line}\n".encode())
+
+    async def _launch_once(self, started: float) -> Endpoint:
         argv = self.argv()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
         with self.log_path.open("ab") as log:
             log.write(f"# autotuner launch: {json.dumps(argv)}\n".encode())
             log.flush()
@@ -183,16 +214,43 @@ class ServerProcess:
                 self._remember_tree()
                 code = self._proc.poll()
                 if code is not None:
+                    if _PORT_TAKEN in tail(self.log_path, 200):
+                        raise _PortTaken
                     raise self._launch_error(code)
                 if time.monotonic() > deadline:
                     raise self._launch_error(None)
                 try:
                     async with session.get(base_url + self.health_path) as resp:
-                        if resp.status == 200:
-                            return
+                        healthy = resp.status == 200
                 except (TimeoutError, aiohttp.ClientError):
-                    pass
+                    healthy = False
+                if healthy:
+                    owner = self._port_owner()
+                    if owner is None:
+                        return
+                    # Another server answered on our port (it took the port first): ours
+                    # cannot bind it, and its answers would be measured as ours.
+                    self._note(f"port {self.port} answered by another process (pid {owner})")
+                    raise _PortTaken
                 await asyncio.sleep(HEALTH_POLL_S)
+
+    def _port_owner(self) -> int | None:
+        """None when the process listening on :attr:`port` is ours (or cannot be told), else
+        the PID of the other process that listens there."""
+        assert self._proc is not None
+        ours = {p.pid for p in procs.tree(self._proc.pid)}
+        try:
+            listening = [
+                c
+                for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr[1] == self.port
+            ]
+        except psutil.Error:
+            return None  # not allowed to look: trust the answer, as before
+        pids = {c.pid for c in listening}
+        if not listening or None in pids or pids & ours:
+            return None
+        return min(p for p in pids if p is not None)
 
     def _remember_tree(self) -> None:
         """Track descendants while alive, so children that leave the group are reaped too."""
