@@ -27,7 +27,15 @@ from autotuner.measure.loadgen import LoadPlan, Progress, run_load
 from autotuner.sla.spec import load_sla
 from autotuner.workload.requests import Arrival, LengthDist, PromptSource, RequestFactory
 
-from .conftest import TAG_VAR, SlaWriter, assert_no_leftovers, run_cli, tagged_processes, wait_until
+from .conftest import (
+    KV_SHARE,
+    TAG_VAR,
+    SlaWriter,
+    assert_no_leftovers,
+    run_cli,
+    tagged_processes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +151,7 @@ def test_engine_killed_mid_load_gives_counted_failures(
         python=vllm_python,
         model=tiny_model,
         served_name="tiny",
-        params={"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512},
+        params={"enforce_eager": True, "gpu_memory_utilization": KV_SHARE, "max_model_len": 512},
         extra_args=[],
         env={TAG_VAR: tag},
         cuda_devices=None,

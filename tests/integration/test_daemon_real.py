@@ -10,8 +10,13 @@ One scenario, in order, against one daemon process:
    sleep before every engine step, see ``_slowed``): the daemon notices,
    measures the promoted config on both engines in interleaved replicates, says
    ``regression`` with numbers, and the test's webhook receiver gets the alert;
-4. the same 0.32.0 is registered again under another name (an A/A comparison): no alarm;
+4. the metrics endpoint carries the verdict;
 5. SIGTERM: a clean exit, no process left.
+
+No A/A comparison runs here (the same engine registered twice, which must raise no alarm):
+it took six more launches, a quarter of the suite's time on 2 cores, for one draw of a false
+alarm rate that tests/unit/search/test_regress.py measures over a thousand simulated
+comparisons (and tests/unit/daemon covers the daemon's handling of a no-change verdict).
 """
 
 from __future__ import annotations
@@ -358,23 +363,7 @@ def test_daemon_end_to_end(
     assert worse[0]["metric"] in alert["annotations"]["summary"]
     assert "%" in alert["annotations"]["summary"]
 
-    # 4. A/A: the same engine under another name raises no alarm
-    res = run_cli(["engine", "add", "cpu-032-again", "--python", str(vllm_python)], env, 120)
-    assert res.returncode == 0, res.stderr
-    wait_until(
-        lambda: any(
-            j["kind"] == "regression" and j["engine"] == "cpu-032-again" for j in daemon.jobs()
-        ),
-        60,
-        "the A/A check",
-    )
-    aa = next(j for j in daemon.jobs() if j["engine"] == "cpu-032-again")
-    wait_until(lambda: daemon.job(aa["id"])["state"] in ("done", "failed"), 1200, "the A/A")
-    assert daemon.job(aa["id"])["state"] == "done"
-    verdict = daemon.job(aa["id"])["outcome"]["verdict"]
-    assert verdict != "regression", daemon.job(aa["id"])
-    code, alerts = daemon.call("GET", "/v1/alerts")
-    assert not any(a["details"].get("new_engine") == "cpu-032-again" for a in alerts)
+    # 4. the verdict is exported
     metrics = daemon.metrics()
     assert (
         'autotuner_regression_verdict{new_engine="cpu-031-slow",old_engine="cpu-032",'

@@ -24,12 +24,12 @@ from autotuner.sla.spec import Sla, load_sla
 from autotuner.workload.requests import Arrival
 from autotuner.workload.traces import TraceRecord, read_trace
 
-from .conftest import assert_no_leftovers, cpu_sla, run_cli, tiny_engine
+from .conftest import KV_SHARE, assert_no_leftovers, cpu_sla, run_cli, tiny_engine
 
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "objectives" / "examples"
-PARAMS = {"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 1024}
+PARAMS = {"enforce_eager": True, "gpu_memory_utilization": KV_SHARE, "max_model_len": 1024}
 ROLES = registry.get("vllm").roles
 
 

