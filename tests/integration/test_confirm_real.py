@@ -5,15 +5,16 @@ capacities. Then the SLA asks for a third replicate: the finished confirmation i
 the unit tests (tests/unit/bundle/test_promote.py) and a real interrupted search's by
 test_tune_real.py: here it cost two more engine launches.
 
-The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``): one request of 128
-output tokens at a time. At the SLA's own 0.5 req/s that is more work than one slot serves on
-any CPU this runs on (2-5 s per request), so its queue and its TTFT grow, while the 16-slot
-candidate holds fewer than 3 requests in flight there and answers its first token in a prefill
-(tens of ms; a p50 limit of 1 s leaves it room on a host slowed several times over by other
-work). So the candidate is confirmed whatever the host: the baseline missed at its own load,
-or (a fast host) the candidate leads by far more than the resolution. Which verdict the
-replicates reach is up to the machine; the test checks that it is the one their capacities
-give.
+The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``): one request of 64 output
+tokens at a time. At the SLA's own 2 req/s that is more work than one slot serves on the CPUs
+this runs on (0.6-1.5 s per request), so its queue and its TTFT grow, while the 32-slot
+candidate holds a few requests in flight there and answers its first token in a prefill (a
+p50 limit of 1 s leaves it room on a host slowed several times over by other work). So the
+candidate is confirmed whatever the host: the baseline missed at its own load, or (a fast
+host, where one slot keeps up) the candidate leads by far more than the resolution. Which
+verdict the replicates reach is up to the machine; the test checks that it is the one their
+capacities give. Levels of 16 requests at 2 req/s and up take seconds each: the launches'
+engine starts are most of the test's time.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ NAME = "it-confirm"
 def _sla(tmp_path: Path, replicates: int) -> Path:
     workload = {
         "input_tokens": 64,
-        "output_tokens": 128,  # decode-bound: one sequence at a time saturates early
-        "arrival": {"process": "poisson", "rate": 0.5},
+        "output_tokens": 64,  # decode-bound: one sequence at a time saturates early
+        "arrival": {"process": "poisson", "rate": 2.0},
         "requests": 16,
         "seed": 4,
     }
@@ -47,10 +48,10 @@ def _sla(tmp_path: Path, replicates: int) -> Path:
         workload,
         constraints={"p50_ttft_ms": 1000},  # a median needs few requests per level
         objectives=[{"maximize": "capacity"}],
-        search={"params": {"max_num_seqs": {"values": [1, 16]}}, "baseline": {"max_num_seqs": 1}},
+        search={"params": {"max_num_seqs": {"values": [1, 32]}}, "baseline": {"max_num_seqs": 1}},
         tune={
             "sampler": "grid",
-            "max_levels": 5,
+            "max_levels": 4,
             "max_requests_per_level": 48,  # an undecided level is extended at most 3x
             "confirm": {"candidates": 1, "replicates": replicates},
         },
