@@ -7,22 +7,38 @@ its own load (or fail to start). No engine runs here. Surfaces:
 
 * four analytic models of one deployment each (model x GPU x workload x SLA) that map an
   engine config to its true SLA goodput (the highest Poisson arrival rate whose p99 TTFT and
-  p99 TPOT meet the limits), its latencies at the SLA's own rate (feasibility), the served rate
-  and mean TPOT a load generator would see there, and launch failures (out of memory);
+  p99 TPOT meet the limits), its latencies at any rate (``latencies``), the served rate and
+  mean TPOT a load generator would see there (``served``), and launch failures (out of
+  memory);
 * ``h200-8b-real``: the H200 grid study under ``docs/benchmarks/h200-llama3-8b/trials/`` (one
   ``trial-NNN.json`` per launch: params, every level's metrics and margins) replayed: each
-  config's first level as measured (the SLA's own load, 15 req/s; memory included, which the
-  engine defaults missed by 0.45 GiB) and its SLA goodput. Only the grid's 3 x 3 configs and
-  the defaults were measured, so the search runs over that grid (a config outside it would
-  replay as its nearest grid point on a log scale). That doc's caveat holds: levels above the
-  first re-sent cached prompts, so the goodputs that rank the points are overstated.
+  config's levels as measured (the first at the SLA's own load, 15 req/s; memory included,
+  which the engine defaults missed by 0.45 GiB) and its SLA goodput. Only the grid's 3 x 3
+  configs and the defaults were measured, so the search runs over that grid (a config outside
+  it would replay as its nearest grid point on a log scale). That doc's caveat holds: levels
+  above the first re-sent cached prompts, so the goodputs that rank the points are overstated.
 * ``h200-8b-equal-memory``: the later grid study of the same shape and SLA at equal memory
   (``docs/benchmarks/h200-llama3-8b-capacity/grid/``, a study tarball): every config, the
   defaults included, at ``gpu_memory_utilization`` 0.88, ranked by capacity measured to 3 %
   with fresh prompts per level; a grid point it has not measured yet replays as its nearest.
 
-A trial measures with seeded multiplicative noise (``--noise``, 5 %): goodput and both p99
-latencies are perturbed, so configs near a limit can be measured on the wrong side of it.
+A launch is recorded as a real one is: ``run`` writes its ``trial.json`` into the trial's
+folder, as ``run_trial`` does, where the study reads it back (the warm start sizes
+``max_num_seqs`` from the incumbent's ``capacity_concurrency`` and picks directions by the
+limit that bounded its capacity, both from that file). Each level of its capacity search is
+measured at its own rate: p99 TTFT and TPOT, served rate, mean TTFT and E2E, a margin and a
+verdict per SLA constraint, the rates sent and served and whether the engine kept up
+(:class:`Seen`). On the analytic surfaces all of it comes from the model at that rate; on the
+measured ones from the recorded levels (:meth:`RealSurface.level_at`: interpolated below the
+capacity, the recorded first miss above it; the first grid study stopped at 33.75 req/s, so
+for most of its points no level above the capacity was measured and the replay cannot say
+which limit would have ended it, and it recorded no served/sent rates).
+
+A trial measures with seeded multiplicative noise (``--noise``, 5 %), one draw per launch:
+goodput (the engine's speed in that run: the load of a level at ``r`` is ``r / z``, so its
+capacity scales by ``z``; on the measured surfaces, the recorded capacity times ``z``) and
+both p99 latencies at every level are perturbed, so configs near a limit can be measured on
+the wrong side of it.
 
 Methods, each over the same discrete grid (the exhaustive grid is every combination):
 
@@ -59,8 +75,9 @@ The plain methods are cut at the first near-best launch; ``new`` runs to its own
 share of missed launches is over all of them.
 
 Every launch runs the capacity search ``tune`` runs (:class:`CapacitySearch`: step 1.5,
-resolution 3 %, at most 8 levels; the SLAs' first objective is capacity) on a config that
-meets the SLA at every rate up to its measured capacity; its cost in GPU-minutes is an engine
+resolution 3 %, at most 8 levels; the SLAs' first objective is capacity) on the levels above,
+the search interpolating their margins as it does on a real engine; its cost in GPU-minutes is
+an engine
 start (130 s for a run's first launch, on a cold machine, then 80 s: the measured H200 starts
 were 45-115 s with the compile caches warm, ../shared/device/README.md) plus 25 s per level (a
 launch with 4 levels took 150-200 s there). The table gives the GPU-minutes to the first
@@ -97,9 +114,12 @@ import numpy as np
 import optuna
 
 from autotuner.engines import registry
+from autotuner.measure.bench import arrival_of
 from autotuner.measure.capacity import CapacitySearch
-from autotuner.measure.quantile import Outcome
-from autotuner.records.trial import CapacityRecord, TrialRecord
+from autotuner.measure.levels import LOAD_INDEPENDENT
+from autotuner.measure.quantile import Outcome, combine
+from autotuner.measure.sustained import SUSTAIN_TOLERANCE
+from autotuner.records.trial import TrialRecord
 from autotuner.search.priors import SearchPlan
 from autotuner.search.progress import StudyStopper, best_launch
 from autotuner.search.rules import CrashMemory
@@ -112,7 +132,7 @@ from autotuner.search.study import (
     raced_out,
     storage_url,
 )
-from autotuner.search.trial import Level, TrialResult
+from autotuner.search.trial import Level, SearchSettings, TrialResult, describe_stop
 from autotuner.sla.spec import Sla, parse_sla
 from autotuner.space import ParamOverride, SearchSpace, load_space
 
@@ -360,79 +380,168 @@ class Surface:
     def measure(
         self, p: Params, t: Truth, z: np.ndarray, start: float | None = None
     ) -> TrialResult:
-        """What a real trial would report: noisy latencies at the SLA's rate, noisy goodput,
-        and the means a load generator shows (served rate, mean TTFT and E2E). ``start``: the
-        first level's rate (a candidate raced against the incumbent)."""
+        """What a real trial would record (``run_trial``'s ``trial.json``): the capacity search
+        from the SLA's own rate (or ``start``, a candidate raced against the incumbent), each
+        level measured at its own rate (:meth:`level_at`) with this run's noise ``z``."""
         params = dict(p)
         if t.launch_error:
             return TrialResult(
                 params, "failed", "rate", reason="CUDA out of memory", cause=t.launch_error
             )
+        kv = kv_tokens(self.deployment, p)[0]
+        return _found(
+            params,
+            self.sla,
+            self.deployment.rate,
+            lambda r: self.level_at(p, kv, z, r),
+            start,
+        )
+
+    def level_at(self, p: Params, kv: float, z: np.ndarray, rate: float) -> Seen:
+        """One load level at ``rate`` as a load generator and ``evaluate`` would record it.
+
+        The run's noise: ``z[2]`` is the engine's speed in this run (a run ``z[2]`` times as
+        fast sees the load of ``rate / z[2]``: its capacity, the SLA goodput, scales by
+        ``z[2]``), ``z[0]`` and ``z[1]`` multiply the p99 TTFT and TPOT it measures. The latencies
+        are the model's at this level's own rate (:func:`latencies`); an overloaded engine
+        (the queue grows without bound) serves what it can (:func:`served`), with its p99 TTFT
+        at 10x the limit (a stand-in for a growing queue) and its p99 TPOT that of its full
+        batch at the rate it serves. Mean TTFT: a quarter of the p99 (the p99 is several means
+        out in a waiting-time tail); mean E2E: that plus the mean TPOT of every later token.
+        """
         d = self.deployment
-        # An overloaded server's p99 is huge but finite: 10x the limit stands for it.
-        ttft = min(t.ttft_ms, 10 * d.ttft_ms) * z[0]
-        tpot = min(t.tpot_ms, 10 * d.tpot_ms) * z[1]
-        margins: dict[str, float | None] = {
-            "p99_ttft_ms": (ttft - d.ttft_ms) / d.ttft_ms,
-            "p99_tpot_ms": (tpot - d.tpot_ms) / d.tpot_ms,
-        }
-        ok = all(m is not None and m <= 0 for m in margins.values())
-        rate, tpot_mean = served(d, p, kv_tokens(d, p)[0], d.rate)
-        mean_ttft = ttft / 4  # a p99 is several means out in a waiting-time tail
-        at_sla = {
-            "goodput": d.rate if ok else 0.5 * d.rate,
+        load = rate / z[2]
+        ttft99, tpot99, _ = latencies(d, p, kv, load)
+        kept, tpot_mean = served(d, p, kv, load)
+        if not math.isfinite(ttft99):
+            ttft99 = 10 * d.ttft_ms
+            tpot99 = latencies(d, p, kv, kept)[1] if kept > 0 else math.inf
+        ttft = min(ttft99, 10 * d.ttft_ms) * z[0]
+        tpot = min(tpot99, 10 * d.tpot_ms) * z[1]
+        served_rate = kept * z[2]
+        mean_ttft = ttft / 4
+        metrics: dict[str, float | None] = {
             "p99_ttft_ms": ttft,
             "p99_tpot_ms": tpot,
-            "request_rate": rate,
+            "request_rate": served_rate,
             "mean_ttft_ms": mean_ttft,
             "mean_e2e_ms": mean_ttft + (d.output_tokens - 1) * tpot_mean * z[1],
         }
-        return _found(params, d.rate, ok, at_sla, margins, max(d.rate, t.goodput * z[2]), start)
+        return Seen.judged(self.sla, metrics, rate, served_rate)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One load level as ``run_trial`` records it (:class:`Level`'s measured fields)."""
+
+    metrics: dict[str, float | None]
+    margins: dict[str, float | None]  # per SLA constraint key; None: not measured
+    verdicts: dict[str, Outcome]  # per SLA constraint key; empty: the record does not say
+    sent_rate: float | None = None
+    served_rate: float | None = None
+    sustained: bool | None = None
+    margin: float | None = None  # the level's search margin (``judge``'s); None: unknown
+    verdict: Outcome | None = None  # None: combined from ``verdicts`` and ``sustained``
+
+    @classmethod
+    def judged(
+        cls,
+        sla: Sla,
+        metrics: dict[str, float | None],
+        sent: float | None,
+        served: float | None,
+    ) -> Seen:
+        """Each SLA constraint judged on ``metrics`` by its point value (relative margin,
+        <= 0 met), whether the engine kept up (served at least ``1 - SUSTAIN_TOLERANCE`` of the
+        rate sent) and the level's search margin, as :func:`autotuner.measure.levels.judge`
+        decides a level with enough requests that its confidence intervals sit on the point
+        values (a met load-independent limit, peak memory, is left out of the search margin;
+        the served/sent shortfall counts once the engine visibly falls behind)."""
+        margins: dict[str, float | None] = {}
+        verdicts: dict[str, Outcome] = {}
+        search: list[float] = []
+        informative = True
+        for c in sla.constraints:
+            value = metrics.get(c.metric)
+            if value is None or not math.isfinite(value):
+                margins[c.key], verdicts[c.key] = None, "misses"
+                informative = False
+                continue
+            margin = (value - c.limit) / c.limit if c.limit else value - c.limit
+            margins[c.key] = margin
+            verdicts[c.key] = "meets" if margin <= 0 else "misses"
+            if margin > 0 or (c.limit != 0 and c.metric not in LOAD_INDEPENDENT):
+                search.append(margin)
+        sustained = None
+        if sent is not None and served is not None and sent > 0:
+            ratio = served / sent
+            sustained = ratio >= 1 - SUSTAIN_TOLERANCE
+            if ratio < 1 - SUSTAIN_TOLERANCE / 4:
+                search.append((1 - SUSTAIN_TOLERANCE - ratio) / (1 - SUSTAIN_TOLERANCE))
+        worst = max(search) if informative and search else None
+        return cls(metrics, margins, verdicts, sent, served, sustained, worst)
+
+    def outcome(self) -> Outcome:
+        if self.verdict is not None:
+            return self.verdict
+        outcomes = list(self.verdicts.values())
+        if self.sustained is False:
+            outcomes.append("misses")
+        return combine(outcomes)
 
 
 def _found(
     params: dict[str, Any],
+    sla: Sla,
     rate: float,
-    ok: bool,
-    at_sla: dict[str, float | None],
-    margins: dict[str, float | None],
-    top: float,
+    level_at: Callable[[float], Seen],
     start: float | None = None,
 ) -> TrialResult:
-    """A launch's result: the capacity search ``tune`` runs (:class:`CapacitySearch`, step
-    1.5, resolution 3 %, at most 8 levels) from the SLA's own rate, or from ``start`` (a
-    candidate raced against the incumbent), on a config that meets the SLA at every rate up to
-    ``top`` (its measured capacity) when it meets it at its own (``ok``), and at none when not.
-    Every level is one level of the launch's cost (:data:`LEVEL_S`)."""
+    """A launch's result as ``run_trial`` records it: the capacity search ``tune`` runs
+    (:class:`CapacitySearch`, step 1.5, resolution 3 %, at most 8 levels) from the SLA's own
+    rate, or from ``start`` (a candidate raced against the incumbent), each level as
+    ``level_at`` measures it at its own rate: its metrics, a margin and a verdict per
+    constraint key, the rates sent and served. The capacity, the best level and the reason
+    of a launch that met the SLA nowhere follow from those levels as in ``run_trial``. Every
+    level is one level of the launch's cost (:data:`LEVEL_S`)."""
     search = CapacitySearch(
         start or rate, resolution=RESOLUTION, max_levels=MAX_LEVELS, step=RATE_STEP
     )
-    worst = max((m for m in margins.values() if m is not None), default=1.0)
     levels: list[Level] = []
     while (r := search.next_rate()) is not None:
-        meets = ok and r <= top * (1 + 1e-12)
-        margin = r / top - 1 if ok else max(worst, r / top - 1)
-        search.record(r, "meets" if meets else "misses", margin)
-        metrics = at_sla if not levels else {**at_sla, "goodput": r if meets else 0.5 * r}
-        name = f"level-{len(levels)}.json"
-        verdict: Outcome = "meets" if meets else "misses"
-        levels.append(Level(r, meets, metrics, margins, {}, {}, name, verdict=verdict))
+        seen = level_at(r)
+        verdict = seen.outcome()
+        search.record(r, verdict, seen.margin)
+        served = seen.served_rate if seen.served_rate is not None else r
+        metrics = {**seen.metrics, "goodput": served if verdict == "meets" else 0.5 * served}
+        levels.append(
+            Level(
+                r,
+                verdict == "meets",
+                metrics,
+                dict(seen.margins),
+                {},
+                {},
+                f"level-{len(levels)}.json",
+                verdict=verdict,
+                verdicts=dict(seen.verdicts),
+                sent_rate=seen.sent_rate,
+                served_rate=seen.served_rate,
+                sustained=seen.sustained,
+            )
+        )
     cap = search.result()
-    record = CapacityRecord(
-        value=cap.value,
-        low=cap.low,
-        high=cap.high,
-        unit="req/s",
-        stopped_by=cap.stopped_by,
-        resolution=RESOLUTION,
+    settings = SearchSettings(
+        max_levels=MAX_LEVELS, step=RATE_STEP, resolution=RESOLUTION, start_load=start
     )
+    record = cap.to_record(describe_stop(cap, levels, arrival_of(sla), settings), RESOLUTION)
     best = None
     for i, lv in enumerate(levels):
-        if lv.feasible and math.isclose(lv.load, cap.low):
+        if lv.feasible and cap.low > 0 and math.isclose(lv.load, cap.low, rel_tol=1e-9):
             best = i
     if best is None:
         return TrialResult(
-            params, "stopped_early", "rate", tuple(levels), None, "misses", capacity=record
+            params, "stopped_early", "rate", tuple(levels), None, record.note, capacity=record
         )
     return TrialResult(params, "complete", "rate", tuple(levels), best, capacity=record)
 
@@ -580,15 +689,49 @@ H200_DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}  # vLLM 0
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """One load level of a recorded launch, as its ``trial.json`` has it."""
+
+    load: float
+    met: bool
+    metrics: dict[str, float]
+    margins: dict[str, float | None]
+    verdicts: dict[str, Outcome]  # empty in records written before per-constraint verdicts
+    sent_rate: float | None
+    served_rate: float | None
+    sustained: bool | None
+
+    @classmethod
+    def of(cls, level: Mapping[str, Any]) -> Recorded:
+        margins = dict(level["margins"])
+        met = level.get("verdict", "meets" if level["feasible"] else "misses") == "meets"
+        return cls(
+            float(level["load"]),
+            met,
+            {k: float(v) for k, v in level["metrics"].items() if v is not None},
+            margins,
+            dict(level.get("verdicts") or {}),
+            level.get("sent_rate"),
+            level.get("served_rate"),
+            level.get("sustained"),
+        )
+
+
+@dataclass(frozen=True)
 class Measured:
-    """One launch of the H200 grid study: its first level (the SLA's own load, 15 req/s) and
-    its SLA goodput (at the highest level that met the SLA)."""
+    """One launch of an H200 grid study: its SLA goodput (or capacity) and its levels: the
+    first at the SLA's own load (15 req/s), and the first miss above its capacity, the level
+    that shows which limit ended it (None: every level it ran met the SLA, an open bracket)."""
 
     trial: int
     feasible: bool
     goodput: float  # 0 when it missed the SLA at its own load
-    level0: dict[str, float]
-    margins: dict[str, float | None]
+    levels: tuple[Recorded, ...]
+    miss: Recorded | None
+
+    @property
+    def level0(self) -> dict[str, float]:
+        return self.levels[0].metrics
 
 
 @dataclass(frozen=True)
@@ -645,17 +788,30 @@ class RealSurface:
         for trial, data in launches:
             if not data.get("levels"):
                 continue
-            level0 = data["levels"][0]
             best = data["best"]
+            levels = tuple(Recorded.of(lv) for lv in data["levels"])
+            capacity = data.get("capacity") or {}
             if by_capacity:
-                capacity = data.get("capacity") or {}
                 goodput = float(capacity.get("value") or 0.0) if best is not None else 0.0
             else:
                 goodput = data["levels"][best]["metrics"]["goodput"] if best is not None else 0.0
+            top = max((lv.load for lv in levels if lv.met), default=None)
+            high = capacity.get("high")
+            above = [
+                lv
+                for lv in levels
+                if not lv.met
+                and top is not None
+                and lv.load > top
+                and (high is None or math.isclose(lv.load, high, rel_tol=1e-9))
+            ]
+            # The bracket's high edge: the lowest load above the capacity that missed (the
+            # last of its runs when it was re-measured).
+            low_miss = min((lv.load for lv in above), default=None)
+            miss = next((lv for lv in reversed(above) if lv.load == low_miss), None)
             params = {**H200_DEFAULTS, **data["params"]}
             key = (int(params["max_num_seqs"]), int(params["max_num_batched_tokens"]))
-            metrics = {k: float(v) for k, v in level0["metrics"].items() if v is not None}
-            records[key] = Measured(trial, best is not None, goodput, metrics, level0["margins"])
+            records[key] = Measured(trial, best is not None, goodput, levels, miss)
         order = sorted(records, key=lambda k: records[k].trial)
         sla = parse_sla(
             f"name: {name}\n"
@@ -735,21 +891,86 @@ class RealSurface:
     def measure(
         self, p: Params, t: Truth, z: np.ndarray, start: float | None = None
     ) -> TrialResult:
-        """The recorded first level with noisy p99 latencies (memory as measured), then the
-        capacity search up to the recorded SLA goodput (capacity) with noise."""
+        """The capacity search from 15 req/s (or ``start``) up to the recorded SLA goodput
+        (capacity) times this run's speed ``z[2]``, each level replayed from the record
+        (:meth:`level_at`) with the run's noise on its p99 latencies (``z[0]``, ``z[1]``)."""
         m = self.record(p)
-        ttft = m.level0["p99_ttft_ms"] * z[0]
-        tpot = m.level0["p99_tpot_ms"] * z[1]
-        margins = dict(m.margins)
-        margins["p99_ttft_ms"] = (ttft - 300.0) / 300.0
-        margins["p99_tpot_ms"] = (tpot - 20.0) / 20.0
-        ok = all(v is not None and v <= 0 for v in margins.values())
-        at_sla: dict[str, float | None] = {
-            **m.level0,
-            "p99_ttft_ms": ttft,
-            "p99_tpot_ms": tpot,
-        }
-        return _found(dict(p), 15.0, ok, at_sla, margins, max(15.0, m.goodput * z[2]), start)
+        top = max(15.0, m.goodput * z[2])
+        return _found(dict(p), self.sla, 15.0, lambda r: self.level_at(m, z, top, r), start)
+
+    def level_at(self, m: Measured, z: np.ndarray, top: float, rate: float) -> Seen:
+        """A level at ``rate`` replayed from the record ``m``, as far as it allows.
+
+        Up to the capacity ``top``: the recorded levels that met the SLA (every level when
+        none did), linearly interpolated by load (clamped at the ends): served rate, mean TTFT
+        and E2E, p99s (times the run's noise), peak memory; each constraint judged on those.
+        The served/sent ratio where the record has one (the equal-memory study; the first
+        grid study did not record it, so its levels are not judged on it).
+
+        Above it: the record's first miss above its capacity as measured (its metrics, its
+        verdict per constraint, or the verdicts its margins give in the older records): the
+        limit that ended its capacity. Where the record has no such level (every level it ran
+        met the SLA: the first grid study stopped at 33.75 req/s, so most of its points end
+        in an open bracket), the record cannot say which limit would have ended it: the level
+        misses with no verdicts and no margins (not measured), and the metrics of the highest
+        level that met."""
+        met = [lv for lv in m.levels if lv.met]
+        if rate <= top * (1 + 1e-12) or not met:
+            metrics, ratio = _interpolate(met or list(m.levels), rate)
+            for k, f in (("p99_ttft_ms", z[0]), ("p99_tpot_ms", z[1])):
+                if k in metrics:
+                    metrics[k] *= f
+            served = None if ratio is None else rate * ratio
+            return Seen.judged(self.sla, dict(metrics), rate if ratio else None, served)
+        if m.miss is not None:
+            miss = m.miss
+            ratio = (
+                miss.served_rate / miss.sent_rate
+                if miss.sent_rate and miss.served_rate is not None
+                else None
+            )
+            seen = Seen.judged(
+                self.sla,
+                dict(miss.metrics),
+                rate if ratio else None,
+                None if ratio is None else rate * ratio,
+            )
+            keys = [c.key for c in self.sla.constraints]
+            verdicts = {k: miss.verdicts[k] for k in keys if k in miss.verdicts} or seen.verdicts
+            return dataclasses.replace(seen, verdicts=verdicts, verdict="misses")
+        top_level = max(met, key=lambda lv: lv.load)
+        return Seen(
+            dict(top_level.metrics),
+            {c.key: None for c in self.sla.constraints},
+            {},
+            verdict="misses",
+        )
+
+
+def _interpolate(levels: Sequence[Recorded], rate: float) -> tuple[dict[str, float], float | None]:
+    """The recorded levels' metrics at ``rate``, linear in the load between the two levels
+    around it (clamped to the lowest and highest), and their served/sent ratio (None when
+    not recorded). A load measured twice (an undecided level re-measured) counts its last
+    run."""
+    by_load = {lv.load: lv for lv in levels}
+    loads = sorted(by_load)
+    lo = max((x for x in loads if x <= rate), default=loads[0])
+    hi = min((x for x in loads if x >= rate), default=loads[-1])
+    a, b = by_load[lo], by_load[hi]
+    w = 0.0 if hi == lo else (rate - lo) / (hi - lo)
+
+    def mix(x: float, y: float) -> float:
+        return x + w * (y - x)
+
+    metrics = {k: mix(a.metrics[k], b.metrics[k]) for k in a.metrics if k in b.metrics}
+
+    def ratio(lv: Recorded) -> float | None:
+        if lv.sent_rate and lv.served_rate is not None:
+            return lv.served_rate / lv.sent_rate
+        return None
+
+    ra, rb = ratio(a), ratio(b)
+    return metrics, None if ra is None or rb is None else mix(ra, rb)
 
 
 def _real() -> Replayable:
@@ -900,8 +1121,17 @@ class Bench:
         z = np.exp(self.noise * rng.standard_normal(3))
         result = self.problem.surface.measure(p, t, z, start)
         boot = ENGINE_START_COLD_S if len(self.gpu_s) == 0 else ENGINE_START_S
-        self.gpu_s.append(boot + LEVEL_S * len(result.levels))
-        return result
+        spent = {"engine_start": boot}
+        if result.status != "failed":
+            spent["levels"] = LEVEL_S * len(result.levels)
+        self.gpu_s.append(sum(spent.values()))
+        return dataclasses.replace(
+            result,
+            startup_s=None if result.status == "failed" else boot,
+            duration_s=sum(spent.values()),
+            devices=1,
+            gpu_seconds=spent,
+        )
 
 
 def search_space(surface: Surface) -> SearchSpace:
@@ -1000,7 +1230,12 @@ def run_ours(
         def run(
             params: Params, trial_dir: Path, /, *, start_load: float | None = None
         ) -> TrialResult:
-            return bench.measure(params, start_load)
+            # As run_trial does: the launch's record in its folder, where the study (the
+            # warm start's capacity_concurrency and bounding limit) reads it back.
+            result = bench.measure(params, start_load)
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            result.write(trial_dir / "trial.json")
+            return result
 
         stops: list[str] = []  # what the loop said besides its trials: why it stopped
         plan, stopper = None, None
