@@ -43,6 +43,7 @@ from optuna.trial import TrialState
 
 from autotuner.core.show import show_value
 from autotuner.core.types import ParamValue as Value
+from autotuner.measure.levels import LOAD_INDEPENDENT
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import EngineDefaults, MissBook
 from autotuner.search.nearby import NEAR_STEPS, nearest_feasible
@@ -54,7 +55,7 @@ from autotuner.search.progress import (
 )
 from autotuner.search.stopping import StoppingRule
 from autotuner.search.study import config_key, counted
-from autotuner.search.trial import TrialResult
+from autotuner.search.trial import Level, TrialResult
 from autotuner.space import Hopeless, ParamSpec, ParamValue, SearchSpace
 
 if TYPE_CHECKING:
@@ -169,10 +170,12 @@ def binding_limit(result: TrialResult, sla: Sla) -> str | None:
     """What bounded a launch's capacity (a name of :data:`autotuner.space.BINDING`): at the
     lowest level above the capacity that missed the SLA (the bracket's high edge), the missed
     constraint with the largest margin, as its latency kind (``tpot``), ``memory`` or
-    ``errors``; ``served_rate`` when only the engine's falling behind made it miss. None when
-    nothing above the capacity missed (an open bracket) or the miss names no such limit."""
+    ``errors``; ``served_rate`` when only the engine's falling behind made it miss. For a
+    launch that met the SLA nowhere (capacity 0) that level is its first, the SLA's own load:
+    the limit it missed there. None when nothing above the capacity missed (an open bracket),
+    the launch failed, or the miss names no such limit."""
     cap = result.found_capacity()
-    if cap is None or cap.high is None or cap.low <= 0:
+    if cap is None or cap.high is None:
         return None
     above = [
         lv
@@ -200,17 +203,43 @@ def binding_limit(result: TrialResult, sla: Sla) -> str | None:
     return None
 
 
+def _missed_with_load(level: Level, sla: Sla) -> bool:
+    """Whether a level missed a limit the load moves (a latency, errors, the served rate), not
+    only ones it does not (:data:`~autotuner.measure.levels.LOAD_INDEPENDENT`). Records
+    without per-constraint verdicts are read by their margins (> 0, or not measurable)."""
+    if level.sustained is False:
+        return True
+    metric_of = {c.key: c.metric for c in sla.constraints}
+    if level.verdicts:
+        missed = [k for k, v in level.verdicts.items() if v != "meets"]
+    else:
+        missed = [k for k, m in level.margins.items() if m is None or m > 0]
+    return any(metric_of.get(k, k) not in LOAD_INDEPENDENT for k in missed)
+
+
 def capacity_measured(result: TrialResult, sla: Sla) -> tuple[dict[str, float], str | None]:
-    """What a launch that met the SLA measured at its capacity: ``capacity_concurrency`` (the
-    requests in flight at its highest level that met the SLA; empty when not measurable) and
-    the limit that bounded it (:func:`binding_limit`)."""
-    if result.best is None or result.load_kind == "concurrency":
-        level_load = result.max_load
-        out = {"capacity_concurrency": float(level_load)} if level_load else {}
-        return out, binding_limit(result, sla)
-    level = result.levels[result.best]
-    flight = _in_flight(level.metrics, level.served_rate)
+    """What a launch measured at the load that matters: ``capacity_concurrency`` (the requests
+    in flight at its highest level that met the SLA; empty when not measurable) and the limit
+    that bounded it (:func:`binding_limit`). A launch that met the SLA nowhere has its capacity
+    below the SLA's own load, so the load that matters is that one, its first and lowest
+    level: the requests in flight there (the served rate's, a lower bound when it fell
+    behind) and the limit it missed there. Unless it missed only limits the load does not
+    move (peak memory: the engine reserves its KV pool at start): then its capacity is
+    unknown, not below that load, and its requests in flight size nothing (on the H200 grid
+    the defaults missed 130 GiB by 0.45 GiB with 34 requests in flight at 15 req/s, where the
+    configs that fit served 28). Empty for a launch that measured no level."""
     bound = binding_limit(result, sla)
+    if not result.levels:
+        return {}, bound
+    if result.best is not None:
+        level = result.levels[result.best]
+    else:
+        level = min(result.levels, key=lambda lv: lv.load)
+        if not _missed_with_load(level, sla):
+            return {}, bound
+    if result.load_kind == "concurrency":  # a closed-loop load is a concurrency
+        return {"capacity_concurrency": float(level.load)}, bound
+    flight = _in_flight(level.metrics, level.served_rate)
     return ({} if flight is None else {"capacity_concurrency": flight}), bound
 
 
@@ -300,9 +329,15 @@ def hopeless_reason(
 # --------------------------------------------------------------------------- warm start
 
 
-def snap(p: ParamSpec, value: float | ParamValue) -> ParamValue:
+def snap(p: ParamSpec, value: float | ParamValue, at_least: float | None = None) -> ParamValue:
     """``value`` moved into ``p``'s domain: the nearest choice (on a log scale for positive
-    numbers), or clipped to the range and its step; None when it has no place there."""
+    numbers), or clipped to the range and its step; None when it has no place there.
+
+    ``at_least``: a floor for the choices (the smallest multiple of a measured quantity a
+    prior sizes from, :func:`_prior_values`): only choices at or above it are candidates (the
+    largest choice when none is). On a coarse list the nearest choice can lie below the value
+    by up to half a step on the log scale, which eats the headroom the factor was for: 1.25 x
+    30 requests in flight is 38, nearest 32 of [32, 64, ...], a cap that bursts fill at once."""
     if p.choices is not None:
         if any(_same(value, c) for c in p.choices):
             return value
@@ -310,6 +345,9 @@ def snap(p: ParamSpec, value: float | ParamValue) -> ParamValue:
         numeric = [(c, n) for c in p.choices if (n := _number(c)) is not None]
         if target is None or not numeric:
             return None
+        if at_least is not None:
+            above = [(c, n) for c, n in numeric if n >= at_least * (1 - 1e-9)]
+            numeric = above or [max(numeric, key=lambda cn: cn[1])]
         t = target
         log = t > 0 and all(n > 0 for _, n in numeric)
 
@@ -346,11 +384,14 @@ def _prior_values(p: ParamSpec, s: Situation) -> list[ParamValue]:
     elif rule is not None:
         times = rule.times
     measured = s.measured.get(prior.near) if prior.near and times else None
+    floor = None
     if measured is not None:
         raw = [measured * t for t in times]
+        # Sized from a measurement: snapping keeps at least the smallest factor's headroom.
+        floor = measured * min(times)
     out: list[ParamValue] = []
     for v in raw:
-        snapped = snap(p, v)
+        snapped = snap(p, v, at_least=floor)
         if snapped is not None and not any(_same(snapped, o) for o in out):
             out.append(snapped)
     return out
@@ -492,8 +533,10 @@ class SearchPlan:
 
     def _at_capacity(self, study: optuna.Study) -> tuple[dict[str, float], str | None]:
         """:func:`capacity_measured` of the incumbent (read from its ``trial.json``, kept
-        per trial number); nothing while no launch met the SLA."""
-        best = best_launch(study)
+        per trial number): the best config so far, or while none met the SLA the launch
+        closest to meeting it, which the warm start then varies (at the SLA's own load, with
+        the limit it missed there); nothing before a launch was measured."""
+        best = incumbent(study)
         if best is None or self.study_dir is None:
             return {}, None
         if best.number not in self._capacity:
