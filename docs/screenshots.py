@@ -7,6 +7,11 @@ installed (``.ci/run`` installs both); it starts no engine and takes about 20 s:
     python3 docs/screenshots.py             # writes the two PNGs into docs/
     python3 docs/screenshots.py --out DIR   # somewhere else
 
+With ``--study DIR --name FILE.png`` it takes the page of one study instead: ``autotuner report
+DIR --html`` written to a temporary file and opened from disk (how a reader opens the
+``report.html`` of a bundle), its first screen saved as FILE.png in the output folder
+(``docs/quickstart-screenshot.png`` is the CPU quick start's).
+
 What the pages show is a fixture, built the way the daemon's page tests build theirs
 (tests/unit/daemon): a state directory in a temporary folder, a stand-in engine registry
 (engine ``vllm-0.26``, on the CPU so the job starts anywhere), the daemon's API served on
@@ -195,10 +200,41 @@ def shoot(served: Served, out: Path) -> list[Path]:
     return written
 
 
+def shoot_study(study: Path, target: Path) -> Path:
+    """The first screen of ``study``'s page, rendered by ``autotuner report --html``."""
+    import subprocess
+
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="autotuner-page-") as tmp:
+        page = Path(tmp) / "report.html"
+        cmd = [sys.executable, "-m", "autotuner", "report", str(study), "--html", str(page)]
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+            try:
+                tab = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+                errors: list[str] = []
+                tab.on("pageerror", lambda e: errors.append(str(e)))
+                tab.goto(page.as_uri())
+                tab.wait_for_load_state("load")
+                tab.screenshot(path=str(target))
+                if errors:
+                    raise SystemExit(f"the page raised errors: {errors}")
+            finally:
+                browser.close()
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="folder for the PNGs")
+    parser.add_argument("--study", type=Path, help="a study's directory: take its page instead")
+    parser.add_argument("--name", default="study-screenshot.png", help="the study page's PNG")
     args = parser.parse_args()
+    if args.study is not None:
+        print(f"wrote {shoot_study(args.study, args.out / args.name)}")
+        return
     # The stand-in engine registry and tune command (what the page tests monkeypatch).
     registry = {e.name: e for e in (engine_env(ENGINE, "0.26.0"), engine_env(NEW_ENGINE, "0.27.0"))}
 

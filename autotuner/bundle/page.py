@@ -727,6 +727,16 @@ def _headline(
     return f"Nothing was promoted{why}."
 
 
+def _identity_text(key: str, value: object) -> str:
+    """An identity value as a reader says it: the target's key ``cpu:`` / ``gpu:0,1`` (kind
+    and devices, as studies are matched by) reads ``cpu`` / ``gpu 0,1``."""
+    text = str(value)
+    if key == "target":
+        kind, _, devices = text.partition(":")
+        return f"{kind} {devices}".strip()
+    return text
+
+
 def _rests_on(
     manifest: Manifest | None,
     launches: Sequence[Launch],
@@ -956,7 +966,9 @@ def build(study: optuna.Study, study_dir: Path, bundle: Path | None = None) -> P
             str((record.identity or {}).get("target", "")).startswith("cpu"),
         ),
         decision_reason=clean(d.reason) if d is not None else None,
-        identity={clean(k): clean(v) for k, v in (record.identity or {}).items()},
+        identity={
+            clean(k): clean(_identity_text(k, v)) for k, v in (record.identity or {}).items()
+        },
         objectives=[
             f"{dr.name.lower()} {clean(m)}"
             for dr, m in zip(study.directions, record.objectives, strict=False)

