@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotuner.core.show import show_value
+from autotuner.core.types import same_value
 
 OptionType = Literal["int", "float", "bool", "categorical"]
 
@@ -66,7 +67,7 @@ class OptionRule:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             ok = ok and value == value and value not in (float("inf"), float("-inf"))
         elif self.choices is not None:
-            ok = any(_same(value, c) for c in self.choices)
+            ok = any(same_value(value, c) for c in self.choices)
         else:
             ok = isinstance(value, str) and _WORD_RE.match(value) is not None
         if ok and isinstance(value, int | float) and not isinstance(value, bool):
@@ -119,9 +120,3 @@ WORD = EnvRule(r"[A-Za-z0-9_.,:|+=-]{1,200}", "a word (letters, digits, _ . , : 
 def words(*choices: str) -> EnvRule:
     """A variable that takes one of ``choices``."""
     return EnvRule("|".join(re.escape(c) for c in choices), "one of " + ", ".join(choices))
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b

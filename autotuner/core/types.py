@@ -22,3 +22,11 @@ Params = Mapping[str, ParamValue]
 
 Device = Literal["cpu", "gpu"]
 """What an engine runs on; engine defaults and rules differ per device."""
+
+
+def same_value(a: object, b: object) -> bool:
+    """Equality of option values that keeps ``True`` apart from ``1`` (and ``False`` from
+    ``0``): YAML and Optuna both distinguish them, Python's ``==`` does not."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)

@@ -33,6 +33,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.core.types import ParamValue as AnyValue
+from autotuner.core.types import same_value
 from autotuner.records.trial import TrialRecord
 from autotuner.search.trial import TrialResult
 from autotuner.space import Monotone, ParamValue, SearchSpace
@@ -100,12 +101,6 @@ def _number(v: ParamValue) -> float | None:
     return float(v)
 
 
-def _same(a: ParamValue, b: ParamValue) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
-
-
 def _show(v: ParamValue) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
@@ -123,7 +118,7 @@ def follows_from(
         moved: list[tuple[str, ParamValue, ParamValue, Monotone]] = []
         for p in space.params:
             mine, theirs = values.get(p.name), miss.values.get(p.name)
-            if _same(mine, theirs):
+            if same_value(mine, theirs):
                 continue
             rule = next((r for r in p.monotone if _covers(r, constraint, metric)), None)
             a, b = _number(mine), _number(theirs)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import optuna
 
+from autotuner.core.types import same_value
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import MissBook
 from autotuner.search.study import counted, feasible
@@ -47,15 +48,9 @@ def _number(v: ParamValue) -> float | None:
     return float(v)
 
 
-def _same(a: ParamValue, b: ParamValue) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
-
-
 def steps(p: ParamSpec, a: ParamValue, b: ParamValue) -> float:
     """Steps between values ``a`` and ``b`` of ``p`` (see the module docstring)."""
-    if _same(a, b):
+    if same_value(a, b):
         return 0.0
     x, y = _number(a), _number(b)
     if x is None or y is None:

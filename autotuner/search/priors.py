@@ -43,6 +43,7 @@ from optuna.trial import TrialState
 
 from autotuner.core.show import show_value
 from autotuner.core.types import ParamValue as Value
+from autotuner.core.types import same_value
 from autotuner.measure.levels import LOAD_INDEPENDENT
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import EngineDefaults, MissBook
@@ -280,7 +281,7 @@ def applies(
     if not all(c.holds(value_of(c.param)) for c in rule.with_):
         return None
     parts: list[str] = []
-    if rule.values is not None and not any(_same(value, v) for v in rule.values):
+    if rule.values is not None and not any(same_value(value, v) for v in rule.values):
         return None
     if rule.below is not None:
         x, bound = _number(value), _bound(rule, s)
@@ -339,7 +340,7 @@ def snap(p: ParamSpec, value: float | ParamValue, at_least: float | None = None)
     by up to half a step on the log scale, which eats the headroom the factor was for: 1.25 x
     30 requests in flight is 38, nearest 32 of [32, 64, ...], a cap that bursts fill at once."""
     if p.choices is not None:
-        if any(_same(value, c) for c in p.choices):
+        if any(same_value(value, c) for c in p.choices):
             return value
         target = _number(value)
         numeric = [(c, n) for c in p.choices if (n := _number(c)) is not None]
@@ -392,7 +393,7 @@ def _prior_values(p: ParamSpec, s: Situation) -> list[ParamValue]:
     out: list[ParamValue] = []
     for v in raw:
         snapped = snap(p, v, at_least=floor)
-        if snapped is not None and not any(_same(snapped, o) for o in out):
+        if snapped is not None and not any(same_value(snapped, o) for o in out):
             out.append(snapped)
     return out
 
@@ -416,7 +417,7 @@ def warm_candidates(
     ranked = sorted((p for p in space.params if p.prior is not None), key=_rank)
     for p in ranked:
         for v in _prior_values(p, s):
-            if p.name in incumbent and _same(incumbent[p.name], v):
+            if p.name in incumbent and same_value(incumbent[p.name], v):
                 continue
             cand = _active(space, {**incumbent, p.name: v})
             if p.name in cand:
@@ -629,12 +630,6 @@ def _enqueued(t: optuna.trial.FrozenTrial) -> bool:
 def _scalars(values: Mapping[str, Value]) -> dict[str, ParamValue]:
     """Tuned values are scalars (structured options are only ever fixed)."""
     return {k: v for k, v in values.items() if not isinstance(v, dict)}
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
 
 
 def sampler_startup(sla: Sla) -> int | None:

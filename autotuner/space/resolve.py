@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotuner.core.show import show_value
+from autotuner.core.types import same_value
 from autotuner.space.check import _option_rule
 from autotuner.space.conditions import Condition
 from autotuner.space.context import _Context, _unmet
@@ -15,7 +16,7 @@ from autotuner.space.overrides import ParamOverride
 from autotuner.space.resolved import Dropped, ParamSpec
 from autotuner.space.schema import _Decl, _File, _Hopeless, _Not, _Prior
 from autotuner.space.strategy import ByLimit, Hopeless, Monotone, Prior
-from autotuner.space.values import Device, ParamValue, _check_type, _kind, _member, _same
+from autotuner.space.values import Device, ParamValue, _check_type, _kind, _member
 from autotuner.space.versions import version_in
 
 
@@ -248,7 +249,7 @@ class _Resolver:
         elif spec.choices is None and spec.low == spec.high:
             single = [spec.low]
         if single is not None:
-            if _same(single[0], d.default):
+            if same_value(single[0], d.default):
                 self._drop(d, f"only the default ({show_value(d.default)}) remains")
             else:
                 self._pin(d, single[0], "only value left")

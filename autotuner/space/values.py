@@ -5,20 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
+from autotuner.core.types import same_value
+
 ParamValue = bool | int | float | str | None
 ParamType = Literal["int", "float", "bool", "categorical"]
 Device = Literal["cpu", "gpu"]
 
 
-def _same(a: ParamValue, b: ParamValue) -> bool:
-    """Equality that keeps True apart from 1 (YAML and Optuna both distinguish them)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
-
-
 def _member(v: ParamValue, values: Iterable[ParamValue]) -> bool:
-    return any(_same(v, x) for x in values)
+    return any(same_value(v, x) for x in values)
 
 
 def _kind(decl_type: ParamType) -> str:
