@@ -112,6 +112,7 @@ class ServerProcess:
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.port = free_port()
+        self._log_from = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._tree: list[psutil.Process] = []
         self._guard: subprocess.Popen[bytes] | None = None
@@ -178,6 +179,7 @@ class ServerProcess:
         argv = self.argv()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
+            self._log_from = log.tell()  # where this attempt's output starts
             log.write(f"# autotuner launch: {json.dumps(argv)}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
@@ -214,7 +216,7 @@ class ServerProcess:
                 self._remember_tree()
                 code = self._proc.poll()
                 if code is not None:
-                    if _PORT_TAKEN in tail(self.log_path, 200):
+                    if self._port_taken_in_log():
                         raise _PortTaken
                     raise self._launch_error(code)
                 if time.monotonic() > deadline:
@@ -233,6 +235,16 @@ class ServerProcess:
                     self._note(f"port {self.port} answered by another process (pid {owner})")
                     raise _PortTaken
                 await asyncio.sleep(HEALTH_POLL_S)
+
+    def _port_taken_in_log(self) -> bool:
+        """Whether this attempt's own output (not an earlier attempt's) says the port was
+        taken."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_from)
+                return _PORT_TAKEN.encode() in f.read()
+        except OSError:
+            return False
 
     def _port_owner(self) -> int | None:
         """None when the process listening on :attr:`port` is ours (or cannot be told), else
