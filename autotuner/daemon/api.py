@@ -24,11 +24,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from autotuner import __version__
-from autotuner.daemon import pages, tokens
+from autotuner.daemon import actions, pages, submissions, tokens, workers
 from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.metrics import make_registry, render
 from autotuner.daemon.offload import ParsesBusy
-from autotuner.daemon.service import MAX_EXTRA_TRIALS, MAX_PRIORITY, Daemon
+from autotuner.daemon.service import Daemon
+from autotuner.daemon.submissions import MAX_EXTRA_TRIALS, MAX_PRIORITY
 
 PARSE_TIMEOUT_S = 60.0  # an SLA whose validation (and wait for a slot) takes longer: 503
 RETRY_AFTER_S = 30  # what a 503 for busy validation slots suggests
@@ -105,14 +106,14 @@ async def _disk_full(request: web.Request, handler: Handler) -> web.StreamRespon
     """507 for a change while the state directory's disk is full (before the body is read),
     and for one that finds it full: the daemon goes on, reads still work."""
     daemon = request.app[DAEMON]
-    if request.method not in ("GET", "HEAD", "OPTIONS") and daemon.disk_full is not None:
-        return _error(507, [daemon.full_message()])
+    if request.method not in ("GET", "HEAD", "OPTIONS") and daemon.disk.full is not None:
+        return _error(507, [daemon.disk.message()])
     try:
         return await handler(request)
     except Exception as exc:
-        if not daemon.note_disk_error(exc, f"{request.method} {request.path}"):
+        if not daemon.disk.note(exc, f"{request.method} {request.path}"):
             raise
-        return _error(507, [daemon.full_message()])
+        return _error(507, [daemon.disk.message()])
 
 
 def _bad_request(message: str) -> web.HTTPBadRequest:
@@ -159,7 +160,8 @@ async def submit(request: web.Request) -> web.Response:
     try:
         prepared = await daemon.parses.run(
             PARSE_TIMEOUT_S,
-            daemon.prepare,
+            submissions.prepare,
+            daemon.config,
             text,
             source=source,
             base_dir=None,
@@ -187,7 +189,7 @@ async def list_studies(request: web.Request) -> web.Response:
 
 async def get_study(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    study = request.app[DAEMON].study(name)
+    study = actions.study(request.app[DAEMON], name)
     if study is None:
         return _error(404, [f"no SLA named {name!r}"])
     return web.json_response(study)
@@ -195,7 +197,7 @@ async def get_study(request: web.Request) -> web.Response:
 
 async def delete_study(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if not request.app[DAEMON].delete_sla(name):
+    if not actions.delete_sla(request.app[DAEMON], name):
         return _error(404, [f"no SLA named {name!r}"])
     return web.json_response({"deleted": name})
 
@@ -206,9 +208,10 @@ async def action(request: web.Request) -> web.Response:
     name, what = request.match_info["name"], request.match_info["action"]
     try:
         if what == "tune":
-            job = daemon.tune_now(name, extra=_int_param(request, "trials", 0, 0, MAX_EXTRA_TRIALS))
+            extra = _int_param(request, "trials", 0, 0, MAX_EXTRA_TRIALS)
+            job = actions.tune_now(daemon, name, extra=extra)
         else:
-            job = daemon.check_now(name)
+            job = actions.check_now(daemon, name)
     except SubmitError as exc:
         return _error(exc.status, exc.messages)
     return web.json_response({"job": job}, status=202)
@@ -217,19 +220,19 @@ async def action(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     states = tuple(s for s in request.query.get("state", "").split(",") if s)
     limit = _int_param(request, "limit", 200, 0, MAX_LIMIT)
-    jobs = request.app[DAEMON].list_jobs(states, limit=limit)
+    jobs = actions.jobs(request.app[DAEMON], states, limit=limit)
     return web.json_response([j.to_dict() for j in jobs])
 
 
 async def get_job(request: web.Request) -> web.Response:
-    job = request.app[DAEMON].get_job(_job_id(request))
+    job = actions.job(request.app[DAEMON], _job_id(request))
     if job is None:
         return _error(404, ["no such job"])
     return web.json_response(job.to_dict())
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    state = request.app[DAEMON].cancel(_job_id(request))
+    state = workers.cancel(request.app[DAEMON], _job_id(request))
     if state is None:
         return _error(404, ["no such job"])
     if state not in ("queued", "running"):
@@ -260,7 +263,7 @@ async def list_alerts(request: web.Request) -> web.Response:
 
 
 async def list_engines(request: web.Request) -> web.Response:
-    return web.json_response(request.app[DAEMON].list_engines())
+    return web.json_response(actions.engines(request.app[DAEMON]))
 
 
 async def metrics(request: web.Request) -> web.Response:

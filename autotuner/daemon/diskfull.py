@@ -2,7 +2,7 @@
 
 SQLite says ``database or disk is full`` (SQLITE_FULL); a file write raises ``OSError`` with
 ENOSPC (or EDQUOT, a quota). Neither is a bug: the daemon keeps running, refuses new work
-(HTTP 507) and says so, and tries again once a probe write succeeds (see ``Daemon``).
+(HTTP 507) and says so, and tries again once a probe write succeeds (see ``diskguard``).
 """
 
 from __future__ import annotations

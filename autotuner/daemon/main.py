@@ -78,13 +78,14 @@ async def serve(config: DaemonConfig, *, ready: asyncio.Event | None = None) -> 
 async def _serve(config: DaemonConfig, ready: asyncio.Event | None) -> int:
     from aiohttp import web
 
+    from autotuner.daemon import workers
     from autotuner.daemon.api import make_app
     from autotuner.daemon.leases import open_gpu_view
     from autotuner.daemon.service import Daemon
 
     daemon = Daemon(config, gpus=open_gpu_view())
     try:
-        daemon.recover()
+        workers.recover(daemon)
         runner = web.AppRunner(make_app(daemon), access_log=None, logger=http_log)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port)

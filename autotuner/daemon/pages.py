@@ -229,7 +229,7 @@ def _overview_data(daemon: Daemon) -> dict[str, Any]:
     """What the overview shows, read on the event loop (the store is not shared across
     threads); the study files are read later, off it."""
     status = daemon.status()
-    recent = daemon.list_jobs(("done", "failed", "cancelled"), limit=15)
+    recent = daemon.store.jobs(states=("done", "failed", "cancelled"), limit=15)
     return {
         "status": status,
         "recent": [j.to_dict() for j in recent],
@@ -294,7 +294,7 @@ def add_routes(router: web.UrlDispatcher, daemon: Daemon) -> None:
         if row is None:
             return _message(404, "No such SLA", f"no SLA named {name!r}")
         running = any(j.sla == name for j in (r.job for r in daemon.running.values()))
-        queued = any(j.sla == name for j in daemon.list_jobs(("queued",)))
+        queued = any(j.sla == name for j in daemon.store.jobs(states=("queued",), limit=200))
         status, html = await asyncio.to_thread(_render_study, daemon.layout, name, row.engine)
         if status == 404:
             why = "a job of it is queued" if queued else "no tune has started"

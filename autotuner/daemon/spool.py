@@ -44,11 +44,13 @@ from typing import TYPE_CHECKING
 
 from autotuner.core.errors import BadInput
 from autotuner.core.text import has_control, printable
+from autotuner.daemon import submissions
 from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.offload import off_loop
 
 if TYPE_CHECKING:
-    from autotuner.daemon.service import Daemon, Submission
+    from autotuner.daemon.service import Daemon
+    from autotuner.daemon.submissions import Submission
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +354,23 @@ def _refuse(d: Daemon, tree: Tree, where: str, entry: str, name: str, messages: 
         messages = [*messages, f"(could not move it to failed/: {exc.strerror or exc})"]
         if where == SPOOL:
             d.spool.stuck(tree, name)
-    d.spool_rejected(printable(name), [printable(m, lines=True) for m in messages], moved)
+    rejected(d, printable(name), [printable(m, lines=True) for m in messages], moved)
+
+
+def rejected(d: Daemon, name: str, messages: list[str], moved_to: Path | None) -> None:
+    """Report a refused spool file everywhere a user looks: the log, an alert
+    (``spool_rejected``, which /metrics counts) and ``status``."""
+    shown = printable(str(moved_to)) if moved_to is not None else None  # names from outside
+    where = f"moved to {shown}" if shown is not None else "left where it is"
+    logger.warning("spool: %s refused (%s): %s", name, where, " | ".join(messages[:5]))
+    details = {
+        "file": name,
+        "moved_to": shown,
+        "errors": messages[:20],
+    }
+    d.spool_refusals.appendleft({"time": time.time(), **details})
+    first = messages[0] if messages else "refused"
+    d.alert("spool_rejected", "", "warning", f"spool file {name} refused: {first}", details)
 
 
 def _claim_due(
@@ -383,9 +401,7 @@ def _claim_due(
         except Exception as exc:
             logger.exception("spool: cannot handle %s", printable(name))
             sp.stuck(tree, name)
-            d.spool_rejected(
-                printable(name), [f"{printable(name)}: cannot handle it: {exc!r}"], None
-            )
+            rejected(d, printable(name), [f"{printable(name)}: cannot handle it: {exc!r}"], None)
             refused.append((name, False))
     return claimed, refused
 
@@ -396,7 +412,7 @@ def _prepare(d: Daemon, c: Claimed, opened: int | SpoolRefused) -> Submission | 
         if isinstance(opened, SpoolRefused):
             raise opened
         text = d.spool.read(opened)
-        return d.prepare(text, source=c.name, base_dir=d.spool.dir)
+        return submissions.prepare(d.config, text, source=c.name, base_dir=d.spool.dir)
     except SpoolRefused as exc:
         return [f"{c.name}: {exc}"]
     except SubmitError as exc:
@@ -432,7 +448,7 @@ def _finish(
         _refuse(d, tree, WORK, c.work, c.name, prepared)
     except Exception as exc:
         logger.exception("spool: handling %s failed", c.name)
-        d.spool_rejected(c.name, [f"{c.name}: internal error: {exc!r}"], None)
+        rejected(d, c.name, [f"{c.name}: internal error: {exc!r}"], None)
     return (c.name, False)
 
 

@@ -27,7 +27,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import create_trial
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotuner.daemon import alerts, jobs
+from autotuner.daemon import alerts, jobs, outcomes
 from autotuner.daemon.metrics import METRIC_NAMES, make_registry, render
 from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Job
@@ -95,12 +95,12 @@ def _job(d: Daemon, kind: str, sla: str = "p") -> Job:
 def _tune_ended(d: Daemon, code: int, sla: str = "p") -> None:
     """A tune job of ``sla`` exited with ``code``; the daemon reads what it left."""
     job = _job(d, "tune", sla)
-    d.store.finish(job.id, "done", exit_code=code, outcome=d._tune_done(job, code))
+    d.store.finish(job.id, "done", exit_code=code, outcome=outcomes.tune_done(d, job, code))
 
 
 def _recheck_ended(d: Daemon, code: int, sla: str = "p") -> None:
     job = _job(d, "recheck", sla)
-    d.store.finish(job.id, "done", exit_code=code, outcome=d._recheck_done(job, code))
+    d.store.finish(job.id, "done", exit_code=code, outcome=outcomes.recheck_done(d, job, code))
 
 
 def _bundle(d: Daemon, meets_sla: bool, sla: str = "p") -> None:
@@ -240,7 +240,7 @@ def test_a_retune_on_another_engine_that_finds_nothing_keeps_the_promotion_met(
     job_id = daemon.store.enqueue("tune", "p", "eng-b")  # a new engine: its study found nothing
     job = daemon.store.job(job_id)
     assert job is not None
-    daemon._tune_done(job, 1)
+    outcomes.tune_done(daemon, job, 1)
     row = daemon.store.get_sla("p")
     assert row is not None and row.promotion is not None and row.promotion.engine == "eng-a"
     assert _sample(_scrape(daemon), "autotuner_sla_feasible", "p") == 1.0

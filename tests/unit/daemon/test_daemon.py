@@ -18,11 +18,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from autotuner.daemon import alerts, jobs
+from autotuner.daemon import alerts, jobs, outcomes, schedules, watch, workers
 from autotuner.daemon.config import ConfigError, DaemonConfig, Webhook, load_config, next_run
 from autotuner.daemon.errors import AlreadyRunning
 from autotuner.daemon.leases import LeaseError, Leases
 from autotuner.daemon.service import Daemon
+from autotuner.daemon.spool import scan_spool
 from autotuner.daemon.store import Store
 from autotuner.engines import envs
 
@@ -246,7 +247,7 @@ def test_spool_files_are_submitted_and_moved(daemon: Daemon) -> None:
     (spool / "broken.yaml").write_text("model: {synth: tiny-llama}\nworkload: 3\n")
     (spool / "notes.txt").write_text("ignored")
     (spool / ".partial.yaml").write_text("ignored: still being written")
-    results = dict(daemon.scan_spool(min_age_s=0))
+    results = dict(scan_spool(daemon, min_age_s=0))
     assert results == {"broken.yaml": False, "good.yaml": True}
     assert daemon.store.get_sla("good") is not None
     done = list((spool / "done").iterdir())
@@ -323,15 +324,15 @@ def test_nightly_schedule_queues_recheck_or_tune(daemon: Daemon) -> None:
         daemon.store.finish(job.id, "done")
     _promote(daemon, "p")
     now = time.time()
-    assert daemon.tick_schedules(now) == []  # first tick only plans the next run
+    assert schedules.tick(daemon, now) == []  # first tick only plans the next run
     assert daemon.store.get_sla("p").next_check > now  # type: ignore[union-attr]
     daemon.store.update_sla("p", next_check=now - 1)
     daemon.store.update_sla("u", next_check=now - 1)
-    queued = daemon.tick_schedules(now)
+    queued = schedules.tick(daemon, now)
     kinds = {daemon.store.job(j).sla: daemon.store.job(j).kind for j in queued}  # type: ignore[union-attr]
     assert kinds == {"p": "recheck", "u": "tune"}
     daemon.store.update_sla("p", next_check=now - 1)
-    assert daemon.tick_schedules(now) == []  # still busy with the last one: skipped
+    assert schedules.tick(daemon, now) == []  # still busy with the last one: skipped
 
 
 # --------------------------------------------------------------------------- engines
@@ -340,22 +341,22 @@ def test_nightly_schedule_queues_recheck_or_tune(daemon: Daemon) -> None:
 def test_new_engine_triggers_regression_check_and_version_change_a_recheck(
     daemon: Daemon, registry: dict[str, envs.EngineEnv]
 ) -> None:
-    assert daemon.scan_engines(list(registry.values())) == []  # first scan: just recorded
+    assert watch.scan_engines(daemon, list(registry.values())) == []  # first scan: just recorded
     daemon.submit(SLA.format(name="p"), source="p.yaml", base_dir=None)
     _promote(daemon, "p")
     registry["eng-b"] = engine_env("eng-b", "0.31.0")
     registry["gpu-c"] = engine_env("gpu-c", "0.26.0", device="gpu")
-    changes = daemon.scan_engines(list(registry.values()))
+    changes = watch.scan_engines(daemon, list(registry.values()))
     assert sorted(changes) == [("eng-b", None, "0.31.0"), ("gpu-c", None, "0.26.0")]
     reg = [j for j in daemon.store.jobs() if j.kind == "regression"]
     assert [(j.args, j.engine) for j in reg] == [({"old": "eng-a", "new": "eng-b"}, "eng-b")]
-    assert daemon.scan_engines(list(registry.values())) == []  # nothing new: nothing queued
+    assert watch.scan_engines(daemon, list(registry.values())) == []  # nothing new: nothing queued
     registry["eng-a"] = engine_env("eng-a", "0.33.0")  # upgraded in place
-    assert daemon.scan_engines(list(registry.values())) == [("eng-a", "0.32.0", "0.33.0")]
+    assert watch.scan_engines(daemon, list(registry.values())) == [("eng-a", "0.32.0", "0.33.0")]
     assert any(j.kind == "recheck" for j in daemon.store.jobs(states=("queued",)))
     assert daemon.store.alerts()[0]["kind"] == "engine_changed"
     registry.pop("gpu-c")
-    daemon.scan_engines(list(registry.values()))
+    watch.scan_engines(daemon, list(registry.values()))
     assert "gpu-c" not in daemon.store.engines()
 
 
@@ -395,7 +396,7 @@ def test_regression_outcome_alerts_with_numbers_and_queues_retune(daemon: Daemon
     out.write_text(json.dumps(result))
     job = daemon.store.job(job_id)
     assert job is not None
-    details = daemon._regression_done(job, 0)
+    details = outcomes.regression_done(daemon, job, 0)
     assert details["verdict"] == "regression"
     alert = daemon.store.alerts()[0]
     assert alert["kind"] == "engine_regression" and alert["severity"] == "critical"
@@ -434,7 +435,7 @@ def test_an_unchanged_engine_raises_no_alert(daemon: Daemon) -> None:
     out.write_text(json.dumps(result))
     job = daemon.store.job(job_id)
     assert job is not None
-    details = daemon._regression_done(job, 0)
+    details = outcomes.regression_done(daemon, job, 0)
     assert details["verdict"] == "no_change"
     assert not [a for a in daemon.store.alerts() if a["kind"] == "engine_regression"]
     assert daemon.store.latest_verdicts()[0]["verdict"] == "no_change"
@@ -457,7 +458,7 @@ def test_tune_on_a_new_engine_keeps_the_old_promotion_as_fallback(daemon: Daemon
     job_id = daemon.store.enqueue("tune", "p", "eng-b")
     job = daemon.store.job(job_id)
     assert job is not None
-    daemon._tune_done(job, 0)
+    outcomes.tune_done(daemon, job, 0)
     row = daemon.store.get_sla("p")
     assert row is not None and row.promotion is not None and row.fallback is not None
     assert row.promotion.engine == "eng-b" and row.promotion.goodput == 2.6
@@ -473,10 +474,10 @@ def test_recheck_below_the_promised_goodput_alerts(daemon: Daemon) -> None:
     out.write_text(json.dumps({"kind": "autotuner.bench", "metrics": {"goodput": 1.5}}))
     job = daemon.store.job(job_id)
     assert job is not None
-    result = daemon._recheck_done(job, 0)
+    result = outcomes.recheck_done(daemon, job, 0)
     assert result["change"] == pytest.approx(-0.25)
     assert daemon.store.alerts()[0]["kind"] == "throughput_regression"
-    result = daemon._recheck_done(job, 1)  # missed the SLA: alert and re-tune
+    result = outcomes.recheck_done(daemon, job, 1)  # missed the SLA: alert and re-tune
     assert daemon.store.alerts()[0]["kind"] == "sla_violation"
     assert daemon.store.pending("p", "tune") is not None
 
@@ -545,7 +546,7 @@ def test_recover_requeues_jobs_of_a_dead_daemon(daemon: Daemon) -> None:
     daemon.store.claim(a)
     daemon.store.set_pid(a, 999_999, 0.0)  # a process that no longer exists
     daemon.store.claim(b)  # claimed but never started
-    assert sorted(daemon.recover()) == [a, b]
+    assert sorted(workers.recover(daemon)) == [a, b]
     assert {j.state for j in daemon.store.jobs()} == {"queued"}
 
 
@@ -706,10 +707,10 @@ def test_a_spool_sla_with_relative_paths_keeps_them_for_other_engines(
     (spool / "rel.yaml").write_text(
         SLA.format(name="rel").replace("{synth: tiny-llama}", "{path: models/m}")
     )
-    assert daemon.scan_spool(min_age_s=0) == [("rel.yaml", True)]
+    assert scan_spool(daemon, min_age_s=0) == [("rel.yaml", True)]
     row = daemon.store.get_sla("rel")
     assert row is not None
-    daemon._pin(row, "eng-b")  # a regression check or re-tune on another engine
+    jobs.pin(daemon.layout, row, "eng-b")  # a regression check or re-tune on another engine
     pinned = parse_sla(daemon.layout.sla_file("rel", "eng-b").read_text(), "rel")
     assert pinned.model.path == str(spool / "models" / "m")
     assert pinned.engine.name == "eng-b"

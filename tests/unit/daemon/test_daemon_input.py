@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 
-from autotuner.daemon import jobs, service
+from autotuner.daemon import actions, jobs, submissions
+from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.errors import SubmitError
 from autotuner.daemon.hostlocks import DeviceBusy, HostLocks
 from autotuner.daemon.leases import Leases
 from autotuner.daemon.service import Daemon
+from autotuner.daemon.spool import scan_spool
 from autotuner.sla.spec import Sla, parse_sla
 
 from .conftest import SLA, api_client, bearer, make_daemon
@@ -42,7 +44,7 @@ def _slow_parse(monkeypatch: pytest.MonkeyPatch, seconds: float) -> dict[str, fl
         times.setdefault("ended", time.monotonic())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(service, "parse_sla", slow)
+    monkeypatch.setattr(submissions, "parse_sla", slow)
     return times
 
 
@@ -60,11 +62,11 @@ def test_a_spool_file_over_the_size_cap_is_refused_unread(
     def never(*a: Any, **k: Any) -> Sla:
         raise AssertionError("an oversized file was parsed")
 
-    monkeypatch.setattr(service, "parse_sla", never)
+    monkeypatch.setattr(submissions, "parse_sla", never)
     spool = daemon.root / "spool"
     cap = daemon.config.max_request_bytes
     (spool / "big.yaml").write_text("#" * (cap + 1))
-    assert daemon.scan_spool(min_age_s=0) == [("big.yaml", False)]
+    assert scan_spool(daemon, min_age_s=0) == [("big.yaml", False)]
     error = _failed(spool)["big.yaml.error.txt"].read_text()
     assert f"limit of {cap} bytes" in error and "not read" in error
     assert daemon.store.slas() == []
@@ -147,18 +149,18 @@ def test_a_file_written_in_place_is_taken_only_once_it_is_stable(daemon: Daemon)
     old = time.time() - 60
     f.write_text(head)  # a valid SLA without its constraints: the writer paused here
     os.utime(f, (old, old))
-    assert daemon.scan_spool(min_age_s=1.0) == []
+    assert scan_spool(daemon, min_age_s=1.0) == []
     assert daemon.store.get_sla("slow") is None
     with f.open("a") as out:
         out.write("constraints" + tail)
     os.utime(f, (old + 1, old + 1))
-    assert daemon.scan_spool(min_age_s=1.0) == []  # changed since the last scan
-    assert daemon.scan_spool(min_age_s=1.0) == [("slow.yaml", True)]
+    assert scan_spool(daemon, min_age_s=1.0) == []  # changed since the last scan
+    assert scan_spool(daemon, min_age_s=1.0) == [("slow.yaml", True)]
     row = daemon.store.get_sla("slow")
     assert row is not None and "p99_ttft_ms" in row.yaml
     # write-then-rename, the documented way: a .tmp name is never looked at
     (spool / "next.yaml.tmp").write_text(SLA.format(name="next"))
-    assert daemon.scan_spool(min_age_s=1.0) == []
+    assert scan_spool(daemon, min_age_s=1.0) == []
     assert (spool / "next.yaml.tmp").exists()
 
 
@@ -175,7 +177,7 @@ def test_links_and_special_files_are_refused_unread_and_reported_once(
     os.mkfifo(spool / "pipe.yaml")
     os.link(secret, spool / "hard.yaml")
     t0 = time.monotonic()
-    results = daemon.scan_spool(min_age_s=0)
+    results = scan_spool(daemon, min_age_s=0)
     assert time.monotonic() - t0 < 5  # nothing blocked on the FIFO
     names = ("dangling.yaml", "evil.yaml", "folder.yaml", "hard.yaml", "pipe.yaml")
     assert results == [(n, False) for n in names]
@@ -188,38 +190,38 @@ def test_links_and_special_files_are_refused_unread_and_reported_once(
         assert stat.S_IMODE(error.stat().st_mode) == 0o600
     assert "symbolic link" in failed["evil.yaml.error.txt"].read_text()
     assert "hard link" in failed["hard.yaml.error.txt"].read_text()
-    assert daemon.scan_spool(min_age_s=0) == []  # reported once
+    assert scan_spool(daemon, min_age_s=0) == []  # reported once
     assert len([a for a in daemon.store.alerts() if a["kind"] == "spool_rejected"]) == 5
 
 
 def test_missing_spool_folders_are_created_again(daemon: Daemon) -> None:
     spool = daemon.root / "spool"
     shutil.rmtree(spool)
-    assert daemon.scan_spool(min_age_s=0) == []
+    assert scan_spool(daemon, min_age_s=0) == []
     assert (spool / "done").is_dir() and (spool / "failed").is_dir()
     shutil.rmtree(spool / "failed")
     shutil.rmtree(spool / "done")
     (spool / "good.yaml").write_text(SLA.format(name="good"))
     (spool / "broken.yaml").write_text("model: {synth: tiny-llama}\nworkload: 3\n")
-    assert daemon.scan_spool(min_age_s=0) == [("broken.yaml", False), ("good.yaml", True)]
+    assert scan_spool(daemon, min_age_s=0) == [("broken.yaml", False), ("good.yaml", True)]
     assert "broken.yaml.error.txt" in _failed(spool)
 
 
 def test_one_failing_file_never_stops_the_others(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = daemon.prepare
+    real = submissions.prepare
 
-    def flaky(text: str, *, source: str, **kw: Any) -> service.Submission:
+    def flaky(config: DaemonConfig, text: str, *, source: str, **kw: Any) -> submissions.Submission:
         if source == "a-bad.yaml":
             raise RuntimeError("a bug")
-        return real(text, source=source, **kw)
+        return real(config, text, source=source, **kw)
 
-    monkeypatch.setattr(daemon, "prepare", flaky)
+    monkeypatch.setattr(submissions, "prepare", flaky)
     spool = daemon.root / "spool"
     (spool / "a-bad.yaml").write_text(SLA.format(name="bad"))
     (spool / "b-good.yaml").write_text(SLA.format(name="good"))
-    assert daemon.scan_spool(min_age_s=0) == [("a-bad.yaml", False), ("b-good.yaml", True)]
+    assert scan_spool(daemon, min_age_s=0) == [("a-bad.yaml", False), ("b-good.yaml", True)]
     assert "a bug" in _failed(spool)["a-bad.yaml.error.txt"].read_text()
     assert daemon.store.get_sla("good") is not None
 
@@ -230,7 +232,7 @@ def test_rejections_reach_the_log_status_metrics_and_alerts(
     spool = daemon.root / "spool"
     (spool / "broken.yaml").write_text("model: {synth: tiny-llama}\nworkload: 3\n")
     with caplog.at_level(logging.WARNING, logger="autotuner.daemon"):
-        assert daemon.scan_spool(min_age_s=0) == [("broken.yaml", False)]
+        assert scan_spool(daemon, min_age_s=0) == [("broken.yaml", False)]
     assert any("broken.yaml" in r.getMessage() for r in caplog.records)
     refused = daemon.status()["spool"]
     assert refused["rejected"] == 1 and refused["recent"][0]["file"] == "broken.yaml"
@@ -253,7 +255,7 @@ def test_a_file_a_dead_daemon_was_handling_is_not_parsed_again(daemon: Daemon) -
     work = daemon.root / "spool" / ".work"
     work.mkdir(exist_ok=True)
     (work / "20260101T000000-hang.yaml").write_text(SLA.format(name="hang"))
-    assert daemon.scan_spool(min_age_s=0) == []
+    assert scan_spool(daemon, min_age_s=0) == []
     failed = _failed(daemon.root / "spool")
     assert "hang.yaml" in failed and "stopped while" in failed["hang.yaml.error.txt"].read_text()
     assert daemon.store.get_sla("hang") is None and not list(work.iterdir())
@@ -314,7 +316,7 @@ def test_spool_sla_paths_outside_the_roots_are_never_read(
     (spool / "pw.yaml").write_text(
         SLA.format(name="pw").replace("input_tokens: 16", "dataset: /etc/passwd")
     )
-    assert daemon.scan_spool(min_age_s=0) == [("pw.yaml", False)]
+    assert scan_spool(daemon, min_age_s=0) == [("pw.yaml", False)]
     error = _failed(spool)["pw.yaml.error.txt"].read_text()
     assert "workload.dataset" in error and "outside" in error and "root:" not in error
 
@@ -413,7 +415,7 @@ def test_numbers_out_of_bounds_are_400_and_write_nothing(daemon: Daemon) -> None
         daemon.submit(SLA.format(name="r"), source="r.yaml", base_dir=None, priority=10**30)
     assert err.value.status == 400 and daemon.store.get_sla("r") is None
     with pytest.raises(SubmitError):
-        daemon.tune_now("q", extra=10**23)
+        actions.tune_now(daemon, "q", extra=10**23)
 
 
 def test_a_bind_beyond_loopback_is_recorded_and_warned_about(

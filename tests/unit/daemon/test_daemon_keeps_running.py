@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from autotuner.cli.main import main
-from autotuner.daemon import alerts, api, jobs, kinds, service
+from autotuner.daemon import alerts, api, jobs, kinds, schedules, service, submissions, workers
 from autotuner.daemon.config import ConfigError, load_config
 from autotuner.daemon.errors import StoreDamaged, SubmitError
 from autotuner.daemon.service import Daemon
@@ -137,7 +137,7 @@ def test_an_sla_whose_schedule_fails_is_reported_once_and_the_loop_goes_on(
         failed = [a for a in d.store.alerts() if a["kind"] == "schedule_failed"]
         assert len(failed) == 1 and failed[0]["sla"] == "never"
         assert NEVER in failed[0]["summary"] and "never fires" in failed[0]["summary"]
-        d.tick_schedules(time.time() + 86_400)  # again: reported once, not at every tick
+        schedules.tick(d, time.time() + 86_400)  # again: reported once, not at every tick
         assert len([a for a in d.store.alerts() if a["kind"] == "schedule_failed"]) == 1
     finally:
         d.close()
@@ -250,7 +250,7 @@ def test_parse_threads_are_bounded_and_a_flood_is_refused_fast(
             with lock:
                 count["now"] -= 1
 
-    monkeypatch.setattr(service, "parse_sla", slow)
+    monkeypatch.setattr(submissions, "parse_sla", slow)
     monkeypatch.setattr(api, "PARSE_TIMEOUT_S", 1.0)
     pad = "#" * (daemon.config.max_request_bytes - 1024) + "\n"  # just under the 1 MiB cap
 
@@ -337,7 +337,7 @@ def test_a_full_disk_refuses_work_with_507_alerts_and_the_daemon_goes_on(
             assert r.status == 507
 
             full_disk.on = False  # space is freed
-            await _until("the daemon takes work again", lambda: d.disk_full is None)
+            await _until("the daemon takes work again", lambda: d.disk.full is None)
             await _until("the queued job starts", marker.exists)
             r = await client.post("/v1/studies", data=SLA.format(name="new"), headers=h)
             assert r.status == 201
@@ -365,15 +365,15 @@ def test_a_restart_on_a_full_disk_keeps_the_daemon_up(tmp_path: Path, full_disk:
     full_disk.on = True
     d = make_daemon(state)
     try:
-        assert d.recover() == []  # nothing could be written, nothing raised
+        assert workers.recover(d) == []  # nothing could be written, nothing raised
         d.write_address("127.0.0.1", 8787)
-        assert d.disk_full is not None
+        assert d.disk.full is not None
         assert d.list_alerts()[0]["kind"] == "disk_full"
         assert d.store.job(job).state == "running"  # type: ignore[union-attr]
-        assert not d.probe_disk()  # still full
+        assert not d.disk.probe()  # still full
 
         full_disk.on = False
-        assert d.probe_disk()
+        assert d.disk.probe()
         assert d.store.job(job).state == "queued"  # type: ignore[union-attr]
         assert [a["kind"] for a in d.store.alerts()] == ["disk_full"]
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from autotuner.daemon import api, kinds
+from autotuner.daemon import actions, api, kinds
 from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.errors import SubmitError, UnknownJobKind
 from autotuner.daemon.service import Daemon
@@ -143,16 +143,16 @@ def test_a_racing_submission_of_the_same_name_gets_409(
 
 def test_tune_now_and_check_now_refuse_with_http_statuses(daemon: Daemon) -> None:
     with pytest.raises(SubmitError) as err:
-        daemon.tune_now("none")
+        actions.tune_now(daemon, "none")
     assert err.value.status == 404
     _submitted(daemon)
     with pytest.raises(SubmitError) as err:
-        daemon.check_now("p")
+        actions.check_now(daemon, "p")
     assert err.value.status == 409
     _promote(daemon, "p")
-    job = daemon.store.job(daemon.check_now("p"))
+    job = daemon.store.job(actions.check_now(daemon, "p"))
     assert job is not None and (job.kind, job.engine, job.priority) == ("recheck", "eng-a", 1)
-    job = daemon.store.job(daemon.tune_now("p", extra=4))
+    job = daemon.store.job(actions.tune_now(daemon, "p", extra=4))
     assert job is not None and (job.kind, job.args) == ("tune", {"extra_trials": 4})
     assert daemon.wake.is_set()
 

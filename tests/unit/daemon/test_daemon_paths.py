@@ -26,7 +26,7 @@ from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.hostlocks import HostLocks
 from autotuner.daemon.main import serve
 from autotuner.daemon.service import Daemon
-from autotuner.daemon.spool import SpoolTreeError
+from autotuner.daemon.spool import SpoolTreeError, scan_spool
 from autotuner.daemon.tokens import TokenFileError
 from autotuner.engines import envs
 from autotuner.measure.launch import resolve_model
@@ -67,13 +67,13 @@ def test_a_spool_folder_swapped_for_a_link_is_never_moved_through(
 ) -> None:
     spool = daemon.root / "spool"
     elsewhere = _elsewhere(tmp_path)
-    daemon.scan_spool(min_age_s=0)  # every folder made
+    scan_spool(daemon, min_age_s=0)  # every folder made
     _swap_for_link(spool / sub, elsewhere)
     (spool / "good.yaml").write_text(SLA.format(name="good"))
     (spool / "broken.yaml").write_text("model: {synth: tiny-llama}\nworkload: 3\n")
     for _ in range(2):
         with caplog.at_level(logging.INFO, logger="autotuner.daemon"):
-            assert daemon.scan_spool(min_age_s=0) == []
+            assert scan_spool(daemon, min_age_s=0) == []
     assert sorted(p.name for p in elsewhere.iterdir()) == ["victim.yaml"]  # nothing in or out
     assert (spool / "good.yaml").is_file() and (spool / "broken.yaml").is_file()
     assert daemon.store.get_sla("good") is None and daemon.store.get_sla("victim") is None
@@ -83,7 +83,7 @@ def test_a_spool_folder_swapped_for_a_link_is_never_moved_through(
     assert "not a folder the daemon made" in refusals[0]
 
     (spool / sub).unlink()  # removed: the daemon makes the folder again and goes on
-    assert daemon.scan_spool(min_age_s=0) == [("broken.yaml", False), ("good.yaml", True)]
+    assert scan_spool(daemon, min_age_s=0) == [("broken.yaml", False), ("good.yaml", True)]
     assert (spool / sub).is_dir() and not (spool / sub).is_symlink()
     assert sorted(p.name for p in elsewhere.iterdir()) == ["victim.yaml"]
 
@@ -112,7 +112,7 @@ def test_a_spool_folder_of_another_user_is_refused(daemon: Daemon) -> None:
     done = daemon.root / "spool" / "done"
     os.chown(done, 12345, 12345)
     (daemon.root / "spool" / "good.yaml").write_text(SLA.format(name="good"))
-    assert daemon.scan_spool(min_age_s=0) == []
+    assert scan_spool(daemon, min_age_s=0) == []
     assert daemon.spool.problem is not None and "belongs to user 12345" in daemon.spool.problem
     assert daemon.store.get_sla("good") is None
 
@@ -246,7 +246,7 @@ def test_a_spool_file_name_with_control_characters_is_refused_and_shown_escaped(
     name = "evil\x1b]0;pwned\x07\nALERT critical.yaml"
     (spool / name).write_text(SLA.format(name="evil"))
     with caplog.at_level(logging.WARNING, logger="autotuner.daemon"):
-        assert daemon.scan_spool(min_age_s=0) == [(name, False)]
+        assert scan_spool(daemon, min_age_s=0) == [(name, False)]
     assert daemon.store.get_sla("evil") is None
     logged = [r.getMessage() for r in caplog.records]
     alert = daemon.store.alerts()[0]

@@ -10,6 +10,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotuner.daemon import outcomes
 from autotuner.daemon.metrics import make_registry, render
 from autotuner.daemon.service import Daemon
 from autotuner.daemon.store import Job
@@ -56,7 +57,7 @@ def test_a_recheck_whose_engine_failed_to_start_is_no_sla_violation(daemon: Daem
         "p", promotion={**promotion, "meets_sla": True, "goodput": 2.0, "time": time.time()}
     )
     job = _recheck(daemon, 3, OOM)
-    outcome = daemon._recheck_done(job, 3)
+    outcome = outcomes.recheck_done(daemon, job, 3)
     daemon.store.finish(job.id, "done", exit_code=3, outcome=outcome)
     assert outcome["meets_sla"] is None and OOM in outcome["error"]
     (alert,) = daemon.store.alerts()
@@ -70,7 +71,7 @@ def test_a_recheck_whose_engine_failed_to_start_is_no_sla_violation(daemon: Daem
 
     # A re-check that measured a miss is still the SLA's verdict.
     job = _recheck(daemon, 1, None)
-    outcome = daemon._recheck_done(job, 1)
+    outcome = outcomes.recheck_done(daemon, job, 1)
     daemon.store.finish(job.id, "done", exit_code=1, outcome=outcome)
     alert = daemon.store.alerts()[0]
     assert (alert["kind"], alert["severity"]) == ("sla_violation", "critical")
