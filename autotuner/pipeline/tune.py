@@ -1,22 +1,22 @@
 """A real study on real engines, ending with a promoted bundle (the library of `autotuner
 tune`; the command is :mod:`autotuner.cli.tune`).
 
-Wires the parts: model and engine environment, hardware probe, version-specific search space,
-Optuna study (resumable), pruning (rules, memory model, earlier crashes), one launch per trial
-with several load levels, then confirmation and promotion. Re-running the same command resumes
-the study where it stopped: finished trials are never repeated.
+Wires the parts: model and engine environment, hardware probe, version-specific search space
+(pipeline.study_space), Optuna study (resumable), pruning (pipeline.pruning: rules, memory
+model, earlier crashes), one launch per trial with several load levels, then confirmation and
+promotion. Re-running the same command resumes the study where it stopped: finished trials
+are never repeated.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import optuna
 from optuna.trial import TrialState
@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from autotuner.bundle.promote import Context, promote_manifest
 from autotuner.core import hardware
 from autotuner.core.errors import EngineStartFailed
+from autotuner.core.hardware import HardwareProfile
 from autotuner.core.paths import atomic_write_text
 from autotuner.core.types import ParamValue
 from autotuner.engines import envs, registry
@@ -36,15 +37,18 @@ from autotuner.measure.launch import resolve_model
 from autotuner.measure.levels import resolution_notes
 from autotuner.measure.quality import GateResult
 from autotuner.models.folder import read_config
+from autotuner.pipeline.pruning import Pruning, crash_memory
+from autotuner.pipeline.study_space import grid_space as grid_space
+from autotuner.pipeline.study_space import identity, study_space
 from autotuner.records.manifest import Manifest
 from autotuner.records.promotion import Promotion
 from autotuner.records.trial import StudyRecord, TrialRecord
-from autotuner.search import rerun, rules
+from autotuner.search import rerun
 from autotuner.search.capacity_compare import two_pair_warning
-from autotuner.search.layout_plan import memory_limit_reason
+from autotuner.search.layout_plan import memory_limit_reason as memory_limit_reason
 from autotuner.search.lock import study_lock
-from autotuner.search.priors import memory_fix, sampler_startup, strategy_for
-from autotuner.search.progress import defaults_line
+from autotuner.search.priors import SearchPlan, memory_fix, sampler_startup, strategy_for
+from autotuner.search.progress import StudyStopper, defaults_line
 from autotuner.search.study import (
     Budget,
     Grid,
@@ -61,8 +65,11 @@ from autotuner.search.study import (
 )
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
 from autotuner.sla.spec import Sla, to_yaml
-from autotuner.space import ParamOverride, SearchSpace, SpaceError, load_space_for
 from autotuner.space import ParamValue as SpaceValue
+from autotuner.space import SearchSpace
+
+if TYPE_CHECKING:
+    from autotuner.search.ray_executor import RayExecutor
 
 # Levels of one confirmation replicate: a claim that holds is bracketed by the first two and
 # closed by the third (CapacitySearch.around); the fourth absorbs one undecided re-measure.
@@ -73,57 +80,90 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _identity(
-    sla: Sla, engine: str, space: SearchSpace, model_dir: Path, hw: Any, grid: Grid | None = None
-) -> dict[str, str]:
-    """What must not change within one study, or its trials stop being comparable."""
-    workload = json.dumps(sla.workload.model_dump(mode="json"), sort_keys=True)
-    extra = {"grid": json.dumps(grid, sort_keys=True)} if grid is not None else {}
-    return {
-        **extra,
-        "engine": engine,
-        "space": space.hash()[:16],
-        "model": hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()[:16],
-        "target": f"{sla.target.kind}:{','.join(sla.target.devices)}",
-        "workload": hashlib.sha256(workload.encode()).hexdigest()[:16],
-        "constraints": json.dumps({c.key: c.limit for c in sla.constraints}, sort_keys=True),
-    }
+@dataclass(frozen=True)
+class Launches:
+    """How this study launches its engine: a search trial, a confirmation replicate (on Ray
+    when the search runs there), a kernel profile, a quality gate."""
 
+    sla: Sla
+    adapter: EngineAdapter
+    python: Path
+    version: str
+    model_dir: Path
+    cuda: list[str] | None  # None for a cpu target
+    settings: SearchSettings
+    remote: RayExecutor | None = None
 
-def _crash_memory(
-    study: optuna.Study, space: SearchSpace, engine: EngineAdapter
-) -> rules.CrashMemory:
-    """Rebuild what earlier launches taught: configs that crashed, with their cause."""
-    defaults = {k: v for k, v in space.defaults.items() if v is not None}
-    memory = rules.CrashMemory(defaults={**defaults, **space.fixed}, traits=engine.crash_traits)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        r = TrialRecord.from_trial(t)
-        if r.cause:
-            memory.record(r.params_or({}), r.cause, label=f"trial {t.number}")
-    return memory
+    def trial(
+        self,
+        params: Mapping[str, ParamValue],
+        trial_dir: Path,
+        /,
+        *,
+        start_load: float | None = None,
+    ) -> TrialResult:
+        # start_load: a candidate raced against the incumbent starts at its capacity.
+        settings = self.settings
+        if start_load is not None:
+            settings = dataclasses.replace(settings, start_load=start_load)
+        return self._run(params, trial_dir, settings)
 
+    def confirm(
+        self, params: Mapping[str, ParamValue], run_dir: Path, claimed: float
+    ) -> TrialResult:
+        one = dataclasses.replace(
+            self.settings, max_levels=CONFIRM_LEVELS, around=claimed, start_load=None
+        )
+        if self.remote is not None:
+            return self.remote.run_one(params, run_dir, one)
+        return self._run(params, run_dir, one)
 
-def grid_space(
-    space: SearchSpace,
-    overrides: Mapping[str, ParamOverride],
-    load: Callable[[Mapping[str, ParamOverride]], SearchSpace],
-) -> tuple[SearchSpace, dict[str, list[SpaceValue]], dict[str, SpaceValue]]:
-    """The space of a grid study, its grid, and the grid's one-value dimensions.
+    def _run(
+        self, params: Mapping[str, ParamValue], run_dir: Path, settings: SearchSettings
+    ) -> TrialResult:
+        return run_trial(
+            params,
+            self.sla,
+            python=self.python,
+            model_dir=self.model_dir,
+            run_dir=run_dir,
+            cuda_devices=self.cuda,
+            adapter=self.adapter,
+            settings=settings,
+            say=_say,
+        )
 
-    Only the parameters the SLA lists with ``values`` are tuned; every other one is excluded
-    (the engine decides), so ``load`` resolves the space again with those exclusions. A
-    one-value list (``gpu_memory_utilization: {values: [0.9]}``) is a dimension of the grid,
-    given to every grid point but not to the baseline, which stays the engine defaults.
-    """
-    listed = [n for n, o in overrides.items() if o.values is not None]
-    off = {p.name: ParamOverride(exclude=True) for p in space.params if p.name not in listed}
-    narrowed = load({**overrides, **off}) if off else space
-    single = {n: narrowed.fixed[n] for n in listed if narrowed.fixed_by.get(n) == "only value left"}
-    grid = {p.name: list(p.choices or ()) for p in narrowed.params}
-    if not grid:
-        raise SpaceError(["tune.sampler grid: no parameter of search.params has two values left"])
-    fixed = {k: v for k, v in narrowed.fixed.items() if k not in single}
-    return dataclasses.replace(narrowed, fixed=fixed), grid, single
+    def profile(self, params: Mapping[str, ParamValue], run_dir: Path) -> KernelBreakdown:
+        return kernel_profile.profile_config(
+            params,
+            self.sla,
+            engine=self.adapter,
+            python=self.python,
+            version=self.version,
+            model_dir=self.model_dir,
+            run_dir=run_dir,
+            cuda_devices=self.cuda,
+            say=_say,
+        )
+
+    def gate(
+        self,
+        baseline: Mapping[str, ParamValue],
+        candidate: Mapping[str, ParamValue],
+        run_dir: Path,
+    ) -> GateResult:
+        # On this host, also with --executor ray: two launches, one after the other.
+        return run_gate(
+            self.sla,
+            engine=self.adapter,
+            python=self.python,
+            model_dir=self.model_dir,
+            baseline=baseline,
+            candidate=candidate,
+            run_dir=run_dir,
+            cuda_devices=self.cuda,
+            say=_say,
+        )
 
 
 def engine_failures(study: optuna.Study) -> tuple[list[str], int]:
@@ -219,42 +259,18 @@ def _tune(
 ) -> Promotion | None:
     """:func:`tune`, with the study held."""
     model_dir = resolve_model(sla, _say)
-    engine_adapter = registry.get(sla.engine.kind)  # the study's engine: resolved once, here
+    adapter = registry.get(sla.engine.kind)  # the study's engine: resolved once, here
     python, how = envs.resolve_python(sla.engine.name, sla.engine.python, sla.engine.kind)
     dist, version = envs.probe_version(python)
     engine = f"{dist} {version}"
     hw = hardware.probe(sla.target)
-
-    def load(overrides: Mapping[str, ParamOverride]) -> SearchSpace:
-        return load_space_for(
-            engine_adapter.space_name,
-            version,
-            hw,
-            allow_lossy=sla.search.allow_lossy,
-            overrides=overrides,
-            engine_params=sla.engine.settings(),  # engine.params and engine.args, merged
-        )
-
-    space = load(sla.search.params)
-    grid: Grid | None = None
-    grid_only: dict[str, SpaceValue] = {}
-    if sla.tune.sampler == "grid":
-        space, grid, grid_only = grid_space(space, sla.search.params, load)
+    space, grid, grid_only = study_space(sla, adapter, version, hw)
     study_dir = trials_dir / sla.name
     url = storage_url(study_dir, sla.tune.storage)
     budget = Budget(budget_trials or default_budget(sla, grid), sla.tune.time_budget_s)
     _say(f"study {sla.name} in {study_dir} ({url.split('://')[0]} storage)")
     _say(f"engine: {engine} ({how})")
-    _say(hw.summary())
-    for line in space.describe():
-        _say(f"  {line}")
-    dims: Grid | None = None
-    if grid is not None:
-        dims = {**grid, **{k: [v] for k, v in grid_only.items()}}
-        _say(
-            f"grid: {' x '.join(f'{k} {v}' for k, v in dims.items())} = "
-            f"{grid_budget(grid) - 1} points after the baseline; budget {budget.trials} launches"
-        )
+    dims = _describe(hw, space, grid, grid_only, budget)
     sampler = make_sampler(
         sla.tune.sampler,
         budget.trials,
@@ -263,33 +279,110 @@ def _tune(
         grid,
         startup_trials=sampler_startup(sla),
     )
-    identity = _identity(sla, engine, space, model_dir, hw, dims)
-    study = open_study(sla, url, sampler, identity, study_dir=study_dir)
+    ident = identity(sla, engine, space, model_dir, hw, dims)
+    study = open_study(sla, url, sampler, ident, study_dir=study_dir)
     atomic_write_text(study_dir / "sla.yaml", to_yaml(sla))
     fail_stale(study, _say)
     if extra_trials > 0:
-        done = sum(counted(t) for t in study.get_trials(deepcopy=False))
-        budget = Budget(done + extra_trials, budget.time_s)
-        _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
-        if fresh:
-            # What was measured before may be out of date (a failed re-check, a changed
-            # host): the re-tune measures the engine defaults again and decides on its own
-            # launches only. (A config queued again, waiting to run, is launched now.)
-            waiting = [t.number for t in study.get_trials(states=(TrialState.WAITING,))]
-            first = min([len(study.trials), *waiting])
-            StudyRecord(fresh_from=first).save(study.set_user_attr)
-            _say(
-                f"fresh re-tune: the decision rests on the launches from trial {first} on (the "
-                "engine defaults measured again among them); earlier ones are out of date"
-            )
+        budget = _retune_budget(study, budget, extra_trials, fresh)
     elif not reconfirm and len(rerun.launches(study)) >= budget.trials:
         decided = rerun.recorded_decision(study, study_dir, sla.tune.confirm.replicates)
         if decided is not None:
             return _reprint(decided, study)
-    memory = _crash_memory(study, space, engine_adapter)
     model_cfg = read_config(model_dir)  # checked by load_sla too; it may have changed since
-    cuda = None if sla.target.kind == "cpu" else list(sla.target.devices)
-    settings = SearchSettings.of(sla)
+    pruning = Pruning(sla, adapter, hw, model_cfg, crash_memory(study, space, adapter))
+    _warn(sla)
+    launches = Launches(
+        sla,
+        adapter,
+        python,
+        version,
+        model_dir,
+        cuda=None if sla.target.kind == "cpu" else list(sla.target.devices),
+        settings=SearchSettings.of(sla),
+    )
+    if executor == "ray":
+        launches = dataclasses.replace(launches, remote=_ray(launches, address))
+    plan, stopper = _strategy(sla, space, study_dir, budget, hw, pruning)
+    runner = StudyRunner(
+        sla,
+        study,
+        study_dir,
+        suggest=partial(_suggest, space, grid_only),
+        fixed=space.fixed,
+        prune=pruning.why,
+        run=launches.trial,
+        budget=budget,
+        on_crash=pruning.crashed,
+        say=_say,
+        executor=launches.remote,
+        plan=plan,
+        stopper=stopper,
+        race=grid is None,  # a grid measures every point whole; capacity-first SLAs only
+    )
+    try:
+        measured = _search(runner)
+        if not reconfirm and not measured:  # nothing new measured
+            decided = rerun.recorded_decision(study, study_dir, sla.tune.confirm.replicates)
+            if decided is not None:
+                return _reprint(decided, study)
+        _check_measured(study, study_dir)
+        if stopper is not None and (said := defaults_line(study, stopper.rule.resolution)):
+            _say(said)
+        ctx = Context(sla, study, study_dir, space, hw, model_dir, engine, python, url, adapter)
+        return _promote(ctx, launches)
+    except KeyboardInterrupt:
+        release_own(study, _say)  # so a resume on any machine measures them again
+        raise
+    finally:
+        if launches.remote is not None:
+            launches.remote.close()
+
+
+def _describe(
+    hw: HardwareProfile,
+    space: SearchSpace,
+    grid: Grid | None,
+    grid_only: dict[str, SpaceValue],
+    budget: Budget,
+) -> Grid | None:
+    """Print the host, the space and the grid; returns the grid's dimensions (None: no
+    grid), one-value ones included."""
+    _say(hw.summary())
+    for line in space.describe():
+        _say(f"  {line}")
+    if grid is None:
+        return None
+    dims = {**grid, **{k: [v] for k, v in grid_only.items()}}
+    _say(
+        f"grid: {' x '.join(f'{k} {v}' for k, v in dims.items())} = "
+        f"{grid_budget(grid) - 1} points after the baseline; budget {budget.trials} launches"
+    )
+    return dims
+
+
+def _retune_budget(study: optuna.Study, budget: Budget, extra: int, fresh: bool) -> Budget:
+    """A re-tune: the launches counted so far plus ``extra``; with ``fresh``, the decision
+    rests on its own launches from here on."""
+    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+    budget = Budget(done + extra, budget.time_s)
+    _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
+    if fresh:
+        # What was measured before may be out of date (a failed re-check, a changed
+        # host): the re-tune measures the engine defaults again and decides on its own
+        # launches only. (A config queued again, waiting to run, is launched now.)
+        waiting = [t.number for t in study.get_trials(states=(TrialState.WAITING,))]
+        first = min([len(study.trials), *waiting])
+        StudyRecord(fresh_from=first).save(study.set_user_attr)
+        _say(
+            f"fresh re-tune: the decision rests on the launches from trial {first} on (the "
+            "engine defaults measured again among them); earlier ones are out of date"
+        )
+    return budget
+
+
+def _warn(sla: Sla) -> None:
+    """Print what limits this study's resolution and what may disturb its measurements."""
     warnings, notes = resolution_notes(sla)
     t = sla.tune
     few = two_pair_warning(t.confirm.replicates, t.confidence, t.capacity_resolution)
@@ -301,165 +394,64 @@ def _tune(
     for line in warnings:
         _say(f"warning: {line}")
 
-    mem_limit = next((c.limit for c in sla.constraints if c.metric == "peak_memory_gib"), None)
 
-    def prune(params: dict[str, ParamValue]) -> str | None:
-        reasons = rules.check(
-            params,
-            model_cfg=model_cfg,
-            hardware=hw,
-            context_len=None,
-            env=sla.engine.env,
-            engine=engine_adapter,
-        )
-        over = memory_limit_reason(params, hw, mem_limit, engine_adapter)
-        if over:
-            reasons.append(over)
-        return "; ".join(reasons) if reasons else memory.near_crash(params)
+def _ray(launches: Launches, address: str | None) -> RayExecutor:
+    from autotuner.search.ray_executor import RayExecutor  # Ray is optional
 
-    def run(
-        params: Mapping[str, ParamValue], trial_dir: Path, /, *, start_load: float | None = None
-    ) -> TrialResult:
-        # start_load: a candidate raced against the incumbent starts at its capacity.
-        return run_trial(
-            params,
-            sla,
-            python=python,
-            model_dir=model_dir,
-            run_dir=trial_dir,
-            cuda_devices=cuda,
-            adapter=engine_adapter,
-            settings=(
-                settings
-                if start_load is None
-                else dataclasses.replace(settings, start_load=start_load)
-            ),
-            say=_say,
-        )
-
-    def suggest(trial: optuna.Trial) -> dict[str, ParamValue]:
-        return {**space.suggest(trial), **grid_only}
-
-    def crashed(params: dict[str, ParamValue], cause: str) -> None:
-        memory.record(params, cause)
-
-    remote = None
-    if executor == "ray":
-        from autotuner.search.ray_executor import RayExecutor
-
-        remote = RayExecutor(
-            sla,
-            adapter=engine_adapter,
-            python=python,
-            model_dir=model_dir,
-            settings=settings,
-            address=address,
-            say=_say,
-        )
-    plan, stopper = strategy_for(sla, space, study_dir, budget.trials)
-    for note in plan.describe() if plan is not None else []:
-        _say(f"  {note}")
-    if plan is not None:
-
-        def over(params: Mapping[str, ParamValue]) -> str | None:
-            return memory_limit_reason(params, hw, mem_limit, engine_adapter)
-
-        plan.engine_defaults = partial(engine_adapter.defaults, hw)  # what a miss ran with
-        plan.start_from = memory_fix(space, over)
-        if plan.start_from:
-            fix = ", ".join(f"{k}={v}" for k, v in plan.start_from.items())
-            _say(f"  warm start on {fix}: the engine defaults {over({})}")
-    runner = StudyRunner(
-        sla,
-        study,
-        study_dir,
-        suggest=suggest,
-        fixed=space.fixed,
-        prune=prune,
-        run=run,
-        budget=budget,
-        on_crash=crashed,
+    return RayExecutor(
+        launches.sla,
+        adapter=launches.adapter,
+        python=launches.python,
+        model_dir=launches.model_dir,
+        settings=launches.settings,
+        address=address,
         say=_say,
-        executor=remote,
-        plan=plan,
-        stopper=stopper,
-        race=grid is None,  # a grid measures every point whole; capacity-first SLAs only
     )
+
+
+def _strategy(
+    sla: Sla,
+    space: SearchSpace,
+    study_dir: Path,
+    budget: Budget,
+    hw: HardwareProfile,
+    pruning: Pruning,
+) -> tuple[SearchPlan | None, StudyStopper | None]:
+    """The search plan (warm start, hopeless pruning) and the stopping rule, described."""
+    plan, stopper = strategy_for(sla, space, study_dir, budget.trials)
+    if plan is None:
+        return plan, stopper
+    for note in plan.describe():
+        _say(f"  {note}")
+    plan.engine_defaults = partial(pruning.adapter.defaults, hw)  # what a miss ran with
+    plan.start_from = memory_fix(space, pruning.over_memory)
+    if plan.start_from:
+        fix = ", ".join(f"{k}={v}" for k, v in plan.start_from.items())
+        _say(f"  warm start on {fix}: the engine defaults {pruning.over_memory({})}")
+    return plan, stopper
+
+
+def _suggest(
+    space: SearchSpace, grid_only: dict[str, SpaceValue], trial: optuna.Trial
+) -> dict[str, ParamValue]:
+    return {**space.suggest(trial), **grid_only}
+
+
+def _search(runner: StudyRunner) -> bool:
+    """Run the search to its budget; whether it launched anything this run."""
     started = time.monotonic()
-    try:
-        runner.loop()
-        _say(
-            f"search done: {runner.spent()} launches counted "
-            f"({time.monotonic() - started:.0f} s this run)"
-        )
-        if not reconfirm and not runner.launch_times:  # nothing new measured
-            decided = rerun.recorded_decision(study, study_dir, sla.tune.confirm.replicates)
-            if decided is not None:
-                return _reprint(decided, study)
-        _check_measured(study, study_dir)
-        if stopper is not None and (said := defaults_line(study, stopper.rule.resolution)):
-            _say(said)
+    runner.loop()
+    _say(
+        f"search done: {runner.spent()} launches counted "
+        f"({time.monotonic() - started:.0f} s this run)"
+    )
+    return bool(runner.launch_times)
 
-        def confirm_run(
-            params: Mapping[str, ParamValue], run_dir: Path, claimed: float
-        ) -> TrialResult:
-            one = dataclasses.replace(
-                settings, max_levels=CONFIRM_LEVELS, around=claimed, start_load=None
-            )
-            if remote is not None:
-                return remote.run_one(params, run_dir, one)
-            return run_trial(
-                params,
-                sla,
-                python=python,
-                model_dir=model_dir,
-                run_dir=run_dir,
-                cuda_devices=cuda,
-                adapter=engine_adapter,
-                settings=one,
-                say=_say,
-            )
 
-        def profile_run(params: Mapping[str, ParamValue], run_dir: Path) -> KernelBreakdown:
-            return kernel_profile.profile_config(
-                params,
-                sla,
-                engine=engine_adapter,
-                python=python,
-                version=version,
-                model_dir=model_dir,
-                run_dir=run_dir,
-                cuda_devices=cuda,
-                say=_say,
-            )
-
-        def gate_run(
-            baseline: Mapping[str, ParamValue], candidate: Mapping[str, ParamValue], run_dir: Path
-        ) -> GateResult:
-            # On this host, also with --executor ray: two launches, one after the other.
-            return run_gate(
-                sla,
-                engine=engine_adapter,
-                python=python,
-                model_dir=model_dir,
-                baseline=baseline,
-                candidate=candidate,
-                run_dir=run_dir,
-                cuda_devices=cuda,
-                say=_say,
-            )
-
-        ctx = Context(
-            sla, study, study_dir, space, hw, model_dir, engine, python, url, engine_adapter
-        )
-        profiling = profile_run if kernel_profile.enabled(sla) else None
-        manifest = promote_manifest(ctx, confirm_run, _say, profiling, gate=gate_run)
-        if manifest.gpu_minutes is not None:
-            _say(manifest.gpu_minutes.describe())
-        return Promotion.from_manifest(manifest)
-    except KeyboardInterrupt:
-        release_own(study, _say)  # so a resume on any machine measures them again
-        raise
-    finally:
-        if remote is not None:
-            remote.close()
+def _promote(ctx: Context, launches: Launches) -> Promotion | None:
+    """Confirm the best, profile and gate it where the SLA asks, write the bundle."""
+    profiling = launches.profile if kernel_profile.enabled(ctx.sla) else None
+    manifest = promote_manifest(ctx, launches.confirm, _say, profiling, gate=launches.gate)
+    if manifest.gpu_minutes is not None:
+        _say(manifest.gpu_minutes.describe())
+    return Promotion.from_manifest(manifest)
