@@ -126,20 +126,31 @@ def served_rate(result: LoadResult) -> float | None:
     denominator, so a sustained level's rate agrees with its offered rate, and a saturated
     engine's with its service rate. Requests without a known end (failed before answering)
     count at the window's rate. The rate is at most the one the requests were sent at (their
-    first to last send). Fewer than three ends: the whole run's length."""
-    total = len(result.records)
+    first to last send). Fewer than three ends: the whole run's length.
+
+    A pooled level's runs each count from their own start, so their windows overlap: each
+    run's window is measured on its own, and the level's rate is all their requests over all
+    their windows' seconds."""
+    windows = [w for part in result.parts() if (w := _window(part)) is not None]
+    seconds = sum(s for _, s in windows)
+    return sum(n for n, _ in windows) / seconds if seconds > 0 else None
+
+
+def _window(run: LoadResult) -> tuple[int, float] | None:
+    """One run's requests and the seconds of its measured window (see :func:`served_rate`)."""
+    total = len(run.records)
     if not total:
         return None
-    ends = sorted(r.sent_s + r.e2e_s for r in result.records if r.e2e_s is not None)
+    ends = sorted(r.sent_s + r.e2e_s for r in run.records if r.e2e_s is not None)
     if len(ends) >= 3 and ends[-1] > ends[0]:
         served = (len(ends) - 1) / (ends[-1] - ends[0]) * total / len(ends)
         # Never faster than the requests arrived: with few requests the span of the ends
         # alone can read well above the offered rate by chance.
-        sent = sorted(r.sent_s for r in result.records)
+        sent = sorted(r.sent_s for r in run.records)
         if total >= 3 and sent[-1] > sent[0]:
             served = min(served, (total - 1) / (sent[-1] - sent[0]))
-        return served
-    return total / result.duration_s if result.duration_s > 0 else None
+        return total, total / served
+    return (total, run.duration_s) if run.duration_s > 0 else None
 
 
 def table_metrics(result: LoadResult, slos: dict[str, float]) -> dict[str, float | None]:

@@ -153,7 +153,8 @@ def judge(
 ) -> Judgement:
     """Each constraint's verdict on one level (see the module docstring), and the level's
     search margin: the largest over the constraints of the margin that decides ``meets``.
-    ``runs``: the runs :func:`pooled` into ``result``, when it pools several.
+    ``runs``: the runs :func:`pooled` into ``result``, when it pools several (a pooled
+    ``result`` knows them itself: its rates, sustain and pacing are judged run by run).
 
     For a percentile limit that is the margin of the percentile's upper confidence bound,
     not of its point value, so that the margin crosses zero where the verdicts turn from
@@ -216,7 +217,9 @@ def judge(
 
 def pooled(a: LoadResult, b: LoadResult) -> LoadResult:
     """Two runs at the same load as one sample: their requests together, their measured
-    durations added (so rates stay requests per second of measuring). The monitor summary is
+    durations added, and where each run's requests are (``runs``): each run's times count from
+    its own start, so rates are measured run by run and combined (requests over the runs'
+    windows together), never over the pooled records as one window. The monitor summary is
     the later run's, with the peak memory of both."""
     monitor = dict(b.monitor)
     peaks = [
@@ -230,4 +233,5 @@ def pooled(a: LoadResult, b: LoadResult) -> LoadResult:
         a.duration_s + b.duration_s,
         a.warmup_failed + b.warmup_failed,
         monitor,
+        runs=(*a.spans(), *b.spans()),
     )

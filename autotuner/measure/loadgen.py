@@ -125,8 +125,22 @@ class LoadPlan:
 
 
 @dataclass(frozen=True)
+class RunSpan:
+    """One of the runs pooled into a :class:`LoadResult`: how many of its records are this
+    run's, and the run's measured duration."""
+
+    requests: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
 class LoadResult:
-    """What one run measured. Percentiles are computed from the raw records on demand."""
+    """What one run measured. Percentiles are computed from the raw records on demand.
+
+    A level measured again is pooled (:func:`autotuner.measure.levels.pooled`): the records of
+    its runs one after the other, ``runs`` saying where each ends. Each run's times count from
+    its own start, so their windows overlap: rates and slopes are taken run by run
+    (:meth:`parts`); percentiles pool."""
 
     plan: dict[str, Any]
     records: tuple[RequestRecord, ...]
@@ -136,6 +150,31 @@ class LoadResult:
     warmup_s: float = 0.0  # wall seconds of the warm-up requests before the measured part
     # What the warm-up to steady state took (WarmupRecord.to_dict()); None: no such warm-up.
     warmup: dict[str, Any] | None = None
+    runs: tuple[RunSpan, ...] = ()  # the pooled runs, in the order of ``records``; () one run
+
+    def __post_init__(self) -> None:
+        if self.runs and sum(r.requests for r in self.runs) != len(self.records):
+            raise ValueError(
+                f"the pooled runs hold {sum(r.requests for r in self.runs)} requests, "
+                f"the result {len(self.records)}"
+            )
+
+    def spans(self) -> tuple[RunSpan, ...]:
+        """The runs in this result (one, unless pooled)."""
+        return self.runs or (RunSpan(len(self.records), self.duration_s),)
+
+    def parts(self) -> tuple[LoadResult, ...]:
+        """Each run on its own, its times from its own start (just this result, unless
+        pooled). A part keeps the plan and the records; the monitor and warm-up are the
+        pool's, not split."""
+        if len(self.runs) < 2:
+            return (self,)
+        out, start = [], 0
+        for run in self.runs:
+            end = start + run.requests
+            out.append(LoadResult(self.plan, self.records[start:end], run.duration_s))
+            start = end
+        return tuple(out)
 
     @property
     def ok(self) -> list[RequestRecord]:
@@ -180,6 +219,7 @@ class LoadResult:
             **({"warmup": self.warmup} if self.warmup is not None else {}),
             "monitor": self.monitor,
             "records": [asdict(r) for r in self.records],
+            **({"runs": [asdict(r) for r in self.runs]} if self.runs else {}),
         }
 
     @classmethod
@@ -193,7 +233,23 @@ class LoadResult:
             monitor=dict(data.get("monitor", {})),
             warmup_s=float(data.get("warmup_s", 0.0)),
             warmup=data.get("warmup"),
+            runs=(
+                tuple(RunSpan(int(r["requests"]), float(r["duration_s"])) for r in data["runs"])
+                if "runs" in data
+                else _runs_by_index(records, float(data["duration_s"]))
+            ),
         )
+
+
+def _runs_by_index(records: Sequence[RequestRecord], duration_s: float) -> tuple[RunSpan, ...]:
+    """The runs of a pooled result written before ``runs`` was: a run's records are sorted by
+    index, from 0, so each later run starts where the index falls back. Their durations were
+    kept only as a sum: split by requests."""
+    starts = [0, *(i for i in range(1, len(records)) if records[i].index <= records[i - 1].index)]
+    if len(starts) < 2:
+        return ()
+    sizes = [b - a for a, b in zip(starts, [*starts[1:], len(records)], strict=True)]
+    return tuple(RunSpan(n, duration_s * n / len(records)) for n in sizes)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,13 @@ def describe(kept: float, max_lag_s: float) -> str:
 
 
 def pacing(result: LoadResult) -> Pacing | None:
-    """The run's pacing; None when fewer than two requests were sent, or all at once."""
+    """The run's pacing; None when fewer than two requests were sent, or all at once. A
+    pooled level: its run that kept its schedule least (:func:`worst_pacing`)."""
+    return worst_pacing((result,))
+
+
+def _run_pacing(result: LoadResult) -> Pacing | None:
+    """:func:`pacing` of one run (its send times from its own start)."""
     records = result.records
     if len(records) < 2:
         return None
@@ -65,6 +71,7 @@ def pacing(result: LoadResult) -> Pacing | None:
 
 
 def worst_pacing(runs: Iterable[LoadResult]) -> Pacing | None:
-    """The run that kept its schedule least, of runs pooled into one level."""
-    judged = [p for r in runs if (p := pacing(r)) is not None]
+    """The run that kept its schedule least, of runs pooled into one level (a pooled result
+    counts as its runs)."""
+    judged = [p for r in runs for part in r.parts() if (p := _run_pacing(part)) is not None]
     return min(judged, key=lambda p: p.kept, default=None)

@@ -77,7 +77,13 @@ def describe(sent_rate: float, served_rate: float, ok: bool) -> str:
 
 def sustained(result: LoadResult) -> Sustained | None:
     """The level's sent and served rates (see the module docstring); None for a closed-loop
-    level or one with too few successful requests to tell."""
+    level or one with too few successful requests to tell. A pooled level: its run that kept
+    up least (:func:`least_sustained`)."""
+    return least_sustained((result,))
+
+
+def _run_sustained(result: LoadResult) -> Sustained | None:
+    """:func:`sustained` of one run (its send times from its own start)."""
     if result.plan.get("arrival", {}).get("process") == "concurrency":
         return None
     sends = np.array([r.sent_s for r in result.records], dtype=float)
@@ -97,6 +103,6 @@ def sustained(result: LoadResult) -> Sustained | None:
 
 def least_sustained(runs: Iterable[LoadResult]) -> Sustained | None:
     """The run that kept up least, of runs at one load pooled into one level (each run is
-    judged on its own: their send times all start at 0)."""
-    judged = [k for r in runs if (k := sustained(r)) is not None]
+    judged on its own: their send times all start at 0; a pooled result counts as its runs)."""
+    judged = [k for r in runs for p in r.parts() if (k := _run_sustained(p)) is not None]
     return min(judged, key=lambda k: k.ratio, default=None)

@@ -3,13 +3,14 @@ warning `autotuner check` gives when levels cannot resolve the SLA's percentile.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autotuner.cli.check import check_main
-from autotuner.measure.evaluate import evaluate
+from autotuner.measure.evaluate import evaluate, served_rate
 from autotuner.measure.levels import judge, level_size, pooled, resolution_notes
 from autotuner.measure.loadgen import LoadResult, RequestRecord
 from autotuner.sla.spec import parse_sla
@@ -226,6 +227,74 @@ def test_pooled_runs_are_judged_for_sustain_one_by_one() -> None:
     assert j.sustained.served_rate == pytest.approx(6.0, rel=0.05)
 
 
+def test_a_pooled_level_serves_at_its_offered_rate() -> None:
+    # Each run's times count from its own start, so two pooled runs' windows overlap: read as
+    # one window, two runs at 10 req/s served 20 req/s, and a goodput limit neither run met
+    # was met by the two together.
+    s = parse_sla(sla("p90_ttft_ms: 3000, min_goodput: 15"))
+    a, b = paced(10.0, 20.0, n=40), paced(10.0, 20.0, n=80)
+    assert served_rate(a) == pytest.approx(10.0, rel=0.05)
+    both = pooled(a, b)
+    ev = evaluate(both, s)
+    assert ev.metrics["request_rate"] == pytest.approx(10.0, rel=0.05)
+    assert ev.metrics["goodput"] == pytest.approx(10.0, rel=0.05)
+    j = judge(both, ev, s, 0.95)
+    assert j.verdicts == {"p90_ttft_ms": "meets", "min_goodput": "misses"}
+    assert j.verdict == "misses"
+    assert j.sustained is not None and j.sustained.ok
+    assert j.sustained.sent_rate == pytest.approx(10.0)
+    assert j.sustained.ratio == pytest.approx(1.0)
+    # A goodput the runs did reach is met by the pool too.
+    low = parse_sla(sla("p90_ttft_ms: 3000, min_goodput: 9"))
+    assert judge(both, evaluate(both, low), low, 0.95).verdict == "meets"
+    # Re-measured once more, three runs: still 10 req/s.
+    three = pooled(both, paced(10.0, 20.0, n=60))
+    assert served_rate(three) == pytest.approx(10.0, rel=0.05)
+    assert three.duration_s == pytest.approx(a.duration_s + b.duration_s + 60 / 10.0, abs=0.2)
+
+
+def test_a_pooled_level_is_judged_for_sustain_run_by_run_on_its_own() -> None:
+    # Without the runs passed, the pool itself knows them: the run that did not keep up
+    # decides, at the rates it was sent and served.
+    s = parse_sla(sla("p90_ttft_ms: 3000"))
+    kept_up, slow = paced(10.0, 20.0), paced(10.0, 6.0)
+    both = pooled(kept_up, slow)
+    ev = evaluate(both, s)
+    j = judge(both, ev, s, 0.95)
+    assert j.verdict == "misses" and j.sustained is not None and not j.sustained.ok
+    assert j.sustained.sent_rate == pytest.approx(10.0)
+    assert j.sustained.served_rate == pytest.approx(6.0, rel=0.05)
+    # Served: between the two runs' rates, never above the 10 req/s offered.
+    rate = ev.metrics["request_rate"]
+    assert rate is not None and served_rate(slow) < rate < 10.0 * 1.01
+    ok = pooled(kept_up, paced(10.0, 20.0, n=60))
+    j = judge(ok, evaluate(ok, s), s, 0.95)
+    assert j.verdict == "meets" and j.sustained is not None and j.sustained.ok
+    assert j.sustained.sent_rate == pytest.approx(10.0)
+
+
+def test_a_pooled_level_keeps_its_runs_in_its_file() -> None:
+    a, b = paced(10.0, 20.0, n=40), paced(10.0, 20.0, n=80)
+    both = pooled(a, b)
+    back = LoadResult.from_dict(json.loads(json.dumps(both.to_dict())))
+    assert back == both and [len(p.records) for p in back.parts()] == [40, 80]
+    assert served_rate(back) == pytest.approx(10.0, rel=0.05)
+    # A file of one run has no runs to keep, and reads back as one run.
+    assert "runs" not in a.to_dict() and LoadResult.from_dict(a.to_dict()).parts() == (a,)
+
+
+def test_a_pooled_level_written_before_its_runs_were_kept_still_reads_at_its_rate() -> None:
+    # Studies written before kept only the records: each run's indices restart at 0, so the
+    # runs are where the index falls back; their durations split by requests.
+    both = pooled(paced(10.0, 20.0, n=40), paced(10.0, 20.0, n=80))
+    old = both.to_dict()
+    del old["runs"]
+    back = LoadResult.from_dict(old)
+    assert [len(p.records) for p in back.parts()] == [40, 80]
+    assert sum(p.duration_s for p in back.parts()) == pytest.approx(both.duration_s)
+    assert served_rate(back) == pytest.approx(10.0, rel=0.05)
+
+
 def late(level: LoadResult, rate: float) -> LoadResult:
     """``level`` as sent by a client that could not send faster than ``rate``: each request
     left later than its schedule (its ``sent_s``) by the difference."""
@@ -254,5 +323,9 @@ def test_a_level_the_load_generator_fell_behind_on_is_undecided_without_a_margin
     # Pooled with a run on time, the late run still decides.
     both = pooled(on_time, slow)
     j = judge(both, evaluate(both, s), s, 0.95, [on_time, slow])
+    assert j.verdict == "undecided" and j.pacing is not None
+    assert j.pacing.kept == pytest.approx(25 / 64, rel=0.01)
+    # The pool knows its runs without being told them.
+    j = judge(both, evaluate(both, s), s, 0.95)
     assert j.verdict == "undecided" and j.pacing is not None
     assert j.pacing.kept == pytest.approx(25 / 64, rel=0.01)

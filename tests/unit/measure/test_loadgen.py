@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from autotuner.measure.evaluate import served_rate
+from autotuner.measure.levels import pooled
 from autotuner.measure.loadgen import LoadPlan, LoadResult, Progress, run_load
+from autotuner.measure.sustained import sustained
 from autotuner.testing.standin import StandinConfig, StandinServer
 from autotuner.workload.requests import Arrival, LengthDist, PromptSource, RequestFactory
 
@@ -156,6 +159,29 @@ def test_progress_is_reported() -> None:
     run(cfg, plan(requests=10, out=10), progress=seen.append, progress_every_s=0.05)
     assert seen and seen[-1].done == 10 and seen[-1].total == 10
     assert any(p.done < 10 for p in seen)
+
+
+def test_two_runs_at_one_rate_pooled_serve_that_rate() -> None:
+    # Each run's send times start at 0, so pooled their windows overlap: the level must still
+    # serve the 20 req/s it was offered (read as one window it served 40), also read back
+    # from a file written before pooled results kept their runs.
+    cfg = StandinConfig(ttft_s=0.02, itl_s=0.005)
+    p = plan(requests=30, arrival=Arrival("constant", rate=20.0), out=4)
+    a, _ = run(cfg, p)
+    b, _ = run(cfg, p)
+    both = pooled(a, b)
+
+    def check(level: LoadResult) -> None:
+        rate = served_rate(level)
+        assert rate is not None and 0.7 * 20 < rate <= 1.05 * 20
+        kept = sustained(level)
+        assert kept is not None and kept.ok and kept.sent_rate <= 1.05 * 20
+        assert [len(part.records) for part in level.parts()] == [30, 30]
+
+    check(both)
+    old = both.to_dict()
+    old.pop("runs", None)
+    check(LoadResult.from_dict(old))
 
 
 def test_result_round_trips_through_json() -> None:
