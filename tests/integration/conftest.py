@@ -7,6 +7,7 @@ the tests skip locally and fail in CI, where skipping would hide that nothing wa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,9 @@ import psutil
 import pytest
 import yaml
 
+from autotuner.core.types import ParamValue
 from autotuner.engines import envs
+from autotuner.engines.base import Endpoint
 from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.models import synth
 
@@ -226,3 +230,114 @@ def tiny_engine(
         cuda_devices=None,
         log_path=log_path,
     )
+
+
+# What the shared engine runs: the suite's engine params, prompts up to 1024 tokens, and the
+# prefix cache on (the vLLM default, spelled out because the traffic test's counters need it).
+SHARED_PARAMS: dict[str, ParamValue] = {
+    "enforce_eager": True,
+    "gpu_memory_utilization": KV_SHARE,
+    "max_model_len": 1024,
+    "enable_prefix_caching": True,
+}
+SHARED = "shared_engine"
+
+
+@dataclass
+class SharedEngine:
+    """The engine that tests which only measure against a running engine share: each launch
+    costs ~45 s on 2 cores. Its counters are read as differences (``Monitor``), so what one
+    test sent does not show in another's numbers."""
+
+    engine: VllmEngine
+    endpoint: Endpoint
+    tag: str
+
+    def borrowed(self, params: dict[str, ParamValue]) -> BorrowedEngine:
+        """This engine as ``run_trial`` would launch it for ``params``: they must be what it
+        runs (the prefix cache is on by default), or the test would measure another config."""
+        assert {"enable_prefix_caching": True, **params} == SHARED_PARAMS, params
+        return BorrowedEngine(self)
+
+
+class BorrowedEngine:
+    """The shared engine seen as a fresh launch: ``launch`` returns the running endpoint and
+    ``stop`` leaves it running; the rest is the real engine's."""
+
+    def __init__(self, shared: SharedEngine) -> None:
+        self._shared = shared
+
+    async def launch(self) -> Endpoint:
+        return self._shared.endpoint
+
+    async def stop(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shared.engine, name)
+
+
+class _SharedHolder:
+    def __init__(self, python: Path, model: Path, log_dir: Path) -> None:
+        self.python, self.model, self.log_dir = python, model, log_dir
+        self.shared: SharedEngine | None = None
+
+    def get(self) -> SharedEngine:
+        if self.shared is None:
+            tag = uuid.uuid4().hex
+            engine = tiny_engine(
+                self.python, self.model, tag, self.log_dir / "engine.log", SHARED_PARAMS
+            )
+            try:
+                endpoint = asyncio.run(asyncio.wait_for(engine.launch(), timeout=900))
+            except BaseException:
+                engine.kill_now()
+                assert_no_leftovers(tag)
+                raise
+            self.shared = SharedEngine(engine, endpoint, tag)
+        return self.shared
+
+    def stop(self) -> None:
+        if self.shared is not None:
+            shared, self.shared = self.shared, None
+            asyncio.run(shared.engine.stop())
+            assert_no_leftovers(shared.tag)
+
+
+@pytest.fixture(scope="session")
+def _shared_holder(
+    vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_SharedHolder]:
+    holder = _SharedHolder(vllm_python, tiny_model, tmp_path_factory.mktemp("shared-engine"))
+    yield holder
+    holder.stop()  # a session cut short (-x, Ctrl-C) still stops it
+
+
+@pytest.fixture
+def shared_engine(
+    _shared_holder: _SharedHolder, request: pytest.FixtureRequest
+) -> Iterator[SharedEngine]:
+    """The running shared engine, started by the first test that asks for it and stopped
+    after the last (``pytest_collection_modifyitems`` runs those tests one after another)."""
+    shared = _shared_holder.get()
+    yield shared
+    users = [item for item in request.session.items if SHARED in _fixtures(item)]
+    died = shared.engine.returncode() is not None
+    if died or request.node is users[-1]:
+        _shared_holder.stop()  # a dead one is started again by the next test that asks
+    assert not died, "the shared engine died during this test"
+
+
+def _fixtures(item: pytest.Item) -> list[str]:
+    return list(getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The shared engine's tests run together, where the first of them was: it is idle, but
+    holds memory and processes, for as short a time as possible."""
+    users = [item for item in items if SHARED in _fixtures(item)]
+    if len(users) < 2:
+        return
+    first = items.index(users[0])
+    rest = [item for item in items if SHARED not in _fixtures(item)]
+    items[:] = rest[:first] + users + rest[first:]

@@ -1,7 +1,8 @@
 """A timed trace and a dataset replayed on a real vLLM (CPU build) serving the tiny model.
 
-One launch: two load levels of a Mooncake trace at two replay speeds (as a capacity search on
-a trace loads the engine), then a ShareGPT dataset over the chat API. A second test runs
+On the suite's shared engine (conftest's ``shared_engine``): two load levels of a Mooncake
+trace at two replay speeds (as a capacity search on a trace loads the engine), then a ShareGPT
+dataset over the chat API. A second test runs
 ``autotuner tune`` on the trace: its capacity search runs over the replay speed.
 """
 
@@ -24,12 +25,11 @@ from autotuner.sla.spec import Sla, load_sla
 from autotuner.workload.requests import Arrival
 from autotuner.workload.traces import TraceRecord, read_trace
 
-from .conftest import KV_SHARE, assert_no_leftovers, cpu_sla, run_cli, tiny_engine
+from .conftest import SharedEngine, cpu_sla, run_cli
 
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "objectives" / "examples"
-PARAMS = {"enforce_eager": True, "gpu_memory_utilization": KV_SHARE, "max_model_len": 1024}
 ROLES = registry.get("vllm").roles
 
 
@@ -55,7 +55,7 @@ def _shared_tokens(records: list[TraceRecord], block: int) -> int:
 
 
 def test_a_trace_and_a_dataset_replayed_on_one_engine(
-    vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path
+    shared_engine: SharedEngine, tiny_model: Path, tmp_path: Path
 ) -> None:
     trace_file = EXAMPLES / "mooncake-trace.jsonl"
     # 30 requests: the 24-record trace wraps once per level (a p90 level needs 29).
@@ -75,29 +75,22 @@ def test_a_trace_and_a_dataset_replayed_on_one_engine(
             "seed": 3,
         },
     )
-    engine = tiny_engine(vllm_python, tiny_model, tag, tmp_path / "engine.log", PARAMS)
+    engine, endpoint = shared_engine.engine, shared_engine.endpoint
     speeds = (0.5, 0.75)
 
     async def scenario() -> tuple[list[tuple[LoadPlan, LoadResult]], LoadPlan, LoadResult]:
-        endpoint = await engine.launch()
-        try:
-            levels = []
-            for level, speed in enumerate(speeds):
-                at = Arrival("trace", rate=speed)
-                plan = build_plan(trace_sla, tiny_model, at, level, roles=ROLES)
-                monitor = Monitor(endpoint.base_url, engine.processes, None, metrics=METRICS)
-                result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
-                seen = monitor.summary()
-                levels.append((plan, LoadResult(result.plan, result.records, 0.0, 0, seen)))
-            plan = build_plan(data_sla, tiny_model, roles=ROLES)
-            return levels, plan, await run_load(endpoint.base_url, endpoint.model, plan)
-        finally:
-            await engine.stop()
+        levels = []
+        for level, speed in enumerate(speeds):
+            at = Arrival("trace", rate=speed)
+            plan = build_plan(trace_sla, tiny_model, at, level, roles=ROLES)
+            monitor = Monitor(endpoint.base_url, engine.processes, None, metrics=METRICS)
+            result = await run_load(endpoint.base_url, endpoint.model, plan, around=monitor)
+            seen = monitor.summary()
+            levels.append((plan, LoadResult(result.plan, result.records, 0.0, 0, seen)))
+        plan = build_plan(data_sla, tiny_model, roles=ROLES)
+        return levels, plan, await run_load(endpoint.base_url, endpoint.model, plan)
 
-    try:
-        levels, data_plan, data = asyncio.run(scenario())
-    finally:
-        assert_no_leftovers(tag)
+    levels, data_plan, data = asyncio.run(scenario())
 
     trace = read_trace(trace_file)
     n = len(trace.records)

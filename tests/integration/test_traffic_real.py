@@ -1,8 +1,9 @@
 """Shared-prefix and multi-turn traffic against a real vLLM (CPU build) serving the tiny model.
 
-One engine launch (about a minute on 2 cores) serves both checks: shared system prompts are
-served from the engine's prefix cache (its own counters say so), and a conversation's turns
-leave in order, each after the previous answer plus the think time, resending the history.
+The suite's shared engine (conftest's ``shared_engine``, prefix cache on) serves both checks:
+shared system prompts are served from the engine's prefix cache (its own counters say so), and
+a conversation's turns leave in order, each after the previous answer plus the think time,
+resending the history.
 """
 
 from __future__ import annotations
@@ -21,16 +22,11 @@ from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.sla.spec import load_sla
 
-from .conftest import KV_SHARE, cpu_sla, tiny_engine
+from .conftest import SHARED_PARAMS, SharedEngine, cpu_sla
 
 pytestmark = pytest.mark.slow
 
-PARAMS = {
-    "enforce_eager": True,
-    "gpu_memory_utilization": KV_SHARE,
-    "max_model_len": 512,
-    "enable_prefix_caching": True,
-}
+PARAMS = SHARED_PARAMS
 VLLM = registry.get("vllm")
 
 
@@ -41,7 +37,7 @@ def _sla(tmp_path: Path, name: str, workload: dict[str, Any]) -> Path:
 
 
 def test_shared_prefixes_hit_the_cache_and_conversations_keep_their_turns(
-    vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path
+    shared_engine: SharedEngine, tiny_model: Path, tmp_path: Path
 ) -> None:
     # 256 tokens: two whole KV blocks of the CPU backend (128 tokens), which is what it caches.
     shared = load_sla(
@@ -72,7 +68,7 @@ def test_shared_prefixes_hit_the_cache_and_conversations_keep_their_turns(
             },
         )
     )
-    engine = tiny_engine(vllm_python, tiny_model, tag, tmp_path / "engine.log", PARAMS)
+    engine, endpoint = shared_engine.engine, shared_engine.endpoint
 
     async def measured(endpoint: Any, plan: Any) -> LoadResult:
         monitor = Monitor(endpoint.base_url, engine.processes, None, metrics=VLLM.metrics)
@@ -82,13 +78,9 @@ def test_shared_prefixes_hit_the_cache_and_conversations_keep_their_turns(
         )
 
     async def scenario() -> tuple[LoadResult, LoadResult]:
-        endpoint = await engine.launch()
-        try:
-            first = await measured(endpoint, build_plan(shared, tiny_model, roles=VLLM.roles))
-            second = await measured(endpoint, build_plan(chat, tiny_model, roles=VLLM.roles))
-            return first, second
-        finally:
-            await engine.stop()
+        first = await measured(endpoint, build_plan(shared, tiny_model, roles=VLLM.roles))
+        second = await measured(endpoint, build_plan(chat, tiny_model, roles=VLLM.roles))
+        return first, second
 
     prefixed, talks = asyncio.run(asyncio.wait_for(scenario(), timeout=400))
 
