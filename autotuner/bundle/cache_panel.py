@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
+from typing import TYPE_CHECKING
 
 from autotuner.bundle import svg
-from autotuner.bundle.report import LatencyProfile
+
+if TYPE_CHECKING:
+    from autotuner.bundle.latency_chart import LatencyProfile
 
 _X0, _X1 = 190.0, 650.0
 _BAR_H, _GAP = 14.0, 6.0

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotuner.bundle.report import Fallback, format_change
+from autotuner.bundle.fallback_plan import Fallback
+from autotuner.bundle.metric_names import format_change
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import OptionRoles
 from autotuner.engines.layout import devices_used

@@ -1,6 +1,7 @@
-"""SVG building blocks shared by the bundle's charts (:mod:`autotuner.bundle.report`, its
-panels, and the capacity-search pictures of :mod:`autotuner.bundle.html`): coordinates,
-attributes and text escaped for XML, axes scales with nice ticks, and the document wrapper.
+"""SVG building blocks shared by the bundle's charts (the Pareto plot, the latency breakdown
+and its panels, the capacity-search pictures of :mod:`autotuner.bundle.capacity_chart`):
+coordinates, attributes and text escaped for XML, axes scales with nice ticks, and the
+document wrapper.
 
 Pure string building; every text and attribute value goes through :func:`html.escape`, so a
 label that came from a user or an engine renders as text.
