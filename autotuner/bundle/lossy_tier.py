@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from autotuner.bundle import promote as p
+from autotuner.bundle.context import Context
 from autotuner.measure.quality import GateResult, unmeasurable
 from autotuner.records.lossy import LossyTier, TierWinner
 from autotuner.search.capability import NO_TRAITS, SettingTraits, traits_of
@@ -23,14 +23,14 @@ from autotuner.search.tiers import GateRun, gain, gate_due, label, settle, split
 Tiered = tuple[Decision, list[Replicate], dict[str, Candidate], LossyTier]
 
 
-def traits(ctx: p.Context) -> SettingTraits:
+def traits(ctx: Context) -> SettingTraits:
     """The setting traits of the study's space file (none when it is not known)."""
     source = Path(ctx.space.source) if ctx.space.source else None
     return traits_of(source) if source is not None and source.is_file() else NO_TRAITS
 
 
 def decide(
-    ctx: p.Context,
+    ctx: Context,
     cands: Sequence[Candidate],
     run: ConfirmRun,
     say: Say,
@@ -73,7 +73,7 @@ def decide(
     return settled, reps, configs, record
 
 
-def _winner(ctx: p.Context, c: Candidate, decision: Decision) -> TierWinner:
+def _winner(ctx: Context, c: Candidate, decision: Decision) -> TierWinner:
     name = label(c)
     stats = decision.per_config.get(name) or {}
     cmp = decision.comparisons.get(name) or {}
@@ -111,7 +111,7 @@ def _winner(ctx: p.Context, c: Candidate, decision: Decision) -> TierWinner:
 
 
 def _record(
-    ctx: p.Context,
+    ctx: Context,
     t: SettingTraits,
     decision: Decision,
     settled: Decision,

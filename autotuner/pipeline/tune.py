@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
-from autotuner.bundle.promote import Context, promote_manifest
+from autotuner.bundle.context import Context
+from autotuner.bundle.promote import promote_manifest
 from autotuner.core import hardware
 from autotuner.core.errors import EngineStartFailed
 from autotuner.core.hardware import HardwareProfile

@@ -358,7 +358,7 @@ def test_report_html_writes_the_page(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_the_target_reads_as_its_kind_and_devices_not_as_its_key() -> None:
-    from autotuner.bundle.page import _identity_text
+    from autotuner.bundle.page_words import identity_text as _identity_text
 
     assert _identity_text("target", "cpu:") == "cpu"
     assert _identity_text("target", "gpu:0,1") == "gpu 0,1"
