@@ -292,7 +292,6 @@ def _tune(
             return _reprint(decided, study)
     model_cfg = read_config(model_dir)  # checked by load_sla too; it may have changed since
     pruning = Pruning(sla, adapter, hw, model_cfg, crash_memory(study, space, adapter))
-    _warn(sla)
     launches = Launches(
         sla,
         adapter,
@@ -302,6 +301,7 @@ def _tune(
         cuda=None if sla.target.kind == "cpu" else list(sla.target.devices),
         settings=SearchSettings.of(sla),
     )
+    _warn(sla)
     if executor == "ray":
         launches = dataclasses.replace(launches, remote=_ray(launches, address))
     plan, stopper = _strategy(sla, space, study_dir, budget, hw, pruning)
