@@ -41,6 +41,7 @@ from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search.executors import Executor, LocalExecutor, RunTrial
 from autotuner.search.lock import current_owner, owner_state
 from autotuner.search.storage import create_or_load
+from autotuner.search.tpe import RacingTPESampler
 from autotuner.search.trial import TrialResult, own_load
 from autotuner.sla.spec import Sla
 from autotuner.space import ParamValue as GridValue
@@ -187,7 +188,7 @@ def make_sampler(
     # here, is silenced (the choice is deliberate; any other warning still shows).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(
+        return RacingTPESampler(
             seed=seed,
             multivariate=True,
             group=True,
