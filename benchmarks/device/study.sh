@@ -44,7 +44,9 @@ follow)
     tail -40 /tmp/tune.log
     nvidia-smi --query-gpu=memory.used --format=csv,noheader || true
     if [ -n "${OUT:-}" ] && [ -d "trials/$name" ]; then
-        tar czf "$OUT/$name.tar.gz" -C trials "$name"
+        # Kernel-profile traces (hundreds of MiB) stay behind: the breakdown read from them is
+        # in the study, and with them the tarball no longer came back from the machine.
+        tar czf "$OUT/$name.tar.gz" --exclude=traces -C trials "$name"
         cp /tmp/tune.log "$OUT/tune.log"
         python3 -m autotuner report "$name" > "$OUT/report.txt" 2>&1 || true
     fi
