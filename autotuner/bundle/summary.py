@@ -77,6 +77,8 @@ def render(study: optuna.Study, study_dir: Path, roles: OptionRoles) -> str:
         m = r.metrics
         params = {k: v for k, v in r.params_or(t.params).items() if k not in fixed}
         note = json.dumps(params) if params else "engine defaults"
+        if t.state == TrialState.RUNNING and not r.baseline and not params:
+            note = "config not chosen yet"  # a candidate still being suggested: not the defaults
         if t.state == TrialState.WAITING and r.requeued_from is not None:
             note = f"trial {r.requeued_from}'s config, queued again"  # its values aren't params yet
         if r.reason and not feasible(t):

@@ -87,3 +87,17 @@ def test_the_latency_columns_are_the_percentiles_the_sla_limits(tmp_path: Path) 
 
 def test_without_an_sla_file_the_columns_stay_p99(tmp_path: Path) -> None:
     assert sla_percentiles(tmp_path) == ("p99_ttft_ms", "p99_tpot_ms")
+
+
+def test_a_candidate_still_choosing_its_config_does_not_read_as_the_defaults(
+    tmp_path: Path,
+) -> None:
+    # A tune stopped (or crashed) while the sampler chose trial 1's config leaves it RUNNING
+    # with no params; "engine defaults" there named a config it never ran.
+    study = _study(tmp_path, "gpu:0")
+    trial = study.ask()
+    trial.set_user_attr("role", "candidate")
+    text = _render(study, tmp_path)
+    row = next(line for line in text.splitlines() if line.lstrip().startswith(f"{trial.number} "))
+    assert "running" in row and "config not chosen yet" in row
+    assert "engine defaults" not in row
