@@ -14,6 +14,7 @@ from autotuner.bundle.context import Context
 from autotuner.bundle.deploy_files import write_deploy_files
 from autotuner.bundle.fallbacks import ranked_fallbacks
 from autotuner.bundle.figures import CONFIRMED_METRICS, SUMMARY, Figures
+from autotuner.bundle.latency_chart import launch_profile
 from autotuner.measure.kernels import KernelBreakdown, breakdown_csv
 from autotuner.records.manifest import Manifest
 from autotuner.search.launched import candidates, trial_file
@@ -75,9 +76,16 @@ def write_bundle(
             notes=manifest.pareto_notes,
         )
     )
-    profiles = [_profile(ctx, chosen, f"promoted (trial {chosen.trial})")]
+    shown = [(chosen, "promoted")]
     if base is not None and base.trial != chosen.trial:
-        profiles.append(_profile(ctx, base, f"baseline (trial {base.trial})"))
+        shown.append((base, "baseline"))
+    profiles = []
+    for cand, what in shown:
+        tr = trial_file(ctx, cand.trial)
+        prof = launch_profile(
+            None if tr is None else tr.to_record(), f"{what} (trial {cand.trial})"
+        )
+        profiles.append(prof)
     (tmp / "latency_breakdown.svg").write_text(
         report.latency_breakdown_svg(
             [p for p in profiles if p is not None],
@@ -133,29 +141,6 @@ def write_bundle(
     page.write(ctx.study, ctx.study_dir, tmp / "report.html", bundle=tmp)
     _swap(tmp, final)
     return final
-
-
-def _profile(ctx: Context, cand: Candidate, title: str) -> report.LatencyProfile | None:
-    trial = trial_file(ctx, cand.trial)
-    if trial is None or not trial.levels:
-        return None
-    m = trial.levels[0].metrics
-    pct = {
-        metric: {q: m.get(f"{q}_{metric}_ms") for q in ("p50", "p90", "p99")}
-        for metric in ("ttft", "tpot", "e2e")
-    }
-    eng = trial.levels[0].engine
-    phases = {
-        k: float(eng[f"mean_{k}_ms"])
-        for k in ("queue", "prefill", "decode")
-        if eng.get(f"mean_{k}_ms") is not None
-    }
-    cache = {
-        k: float(eng[k])
-        for k in ("prompt_cached_share", "prefix_cache_hit_rate")
-        if eng.get(k) is not None
-    }
-    return report.LatencyProfile(title, pct, phases, cache)
 
 
 def _swap(tmp: Path, final: Path) -> None:

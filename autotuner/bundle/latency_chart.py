@@ -28,6 +28,7 @@ from autotuner.bundle.svg import text as _text
 
 if TYPE_CHECKING:
     from autotuner.measure.kernels import KernelBreakdown
+    from autotuner.records.trial import TrialFile
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,30 @@ class LatencyProfile:
     phases_ms: dict[str, float] = field(default_factory=dict)  # mean "queue"/"prefill"/"decode"
     # The engine's prefix cache: "prompt_cached_share", "prefix_cache_hit_rate" (0 to 1).
     cache: dict[str, float] = field(default_factory=dict)
+
+
+def launch_profile(tf: TrialFile | None, title: str) -> LatencyProfile | None:
+    """A launch's latencies at the SLA's own load (its first level), as the bundle and the
+    study page draw them; a value that is not a number is left out (the file is input)."""
+    if tf is None or not tf.levels:
+        return None
+    m = tf.levels[0].metrics
+    pct = {
+        metric: {q: m.get(f"{q}_{metric}_ms") for q in ("p50", "p90", "p99")}
+        for metric in ("ttft", "tpot", "e2e")
+    }
+    eng = tf.levels[0].engine
+    phases = {
+        k: float(eng[f"mean_{k}_ms"])
+        for k in ("queue", "prefill", "decode")
+        if isinstance(eng.get(f"mean_{k}_ms"), int | float)
+    }
+    cache = {
+        k: float(eng[k])
+        for k in ("prompt_cached_share", "prefix_cache_hit_rate")
+        if isinstance(eng.get(k), int | float)
+    }
+    return LatencyProfile(title, pct, phases, cache)
 
 
 _PROFILE_COLORS = ("#d62728", "#7f7f7f", "#4c78a8", "#54a24b", "#b279a2", "#9d755d")

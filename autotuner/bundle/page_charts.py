@@ -16,10 +16,11 @@ from optuna.trial import TrialState
 
 from autotuner.bundle import report
 from autotuner.bundle.figures import CONFIRMED_METRICS, Figures
+from autotuner.bundle.latency_chart import launch_profile
 from autotuner.bundle.page_model import clean, clean_params
 from autotuner.bundle.page_records import trial_file
 from autotuner.records.manifest import Manifest
-from autotuner.records.trial import TrialFile, TrialRecord
+from autotuner.records.trial import TrialRecord
 from autotuner.search.launched import candidates
 from autotuner.search.pareto import pareto_front
 from autotuner.sla.spec import Constraint
@@ -75,29 +76,6 @@ def _inline(doc: str) -> str:
     return doc.split("\n", 1)[1] if doc.startswith("<?xml") else doc
 
 
-def _profile(tf: TrialFile | None, title: str) -> report.LatencyProfile | None:
-    """A launch's latencies at the SLA's own load (its first level), as the bundle draws them."""
-    if tf is None or not tf.levels:
-        return None
-    m = tf.levels[0].metrics
-    pct = {
-        metric: {q: m.get(f"{q}_{metric}_ms") for q in ("p50", "p90", "p99")}
-        for metric in ("ttft", "tpot", "e2e")
-    }
-    eng = tf.levels[0].engine
-    phases = {
-        k: float(eng[f"mean_{k}_ms"])
-        for k in ("queue", "prefill", "decode")
-        if isinstance(eng.get(f"mean_{k}_ms"), int | float)
-    }
-    cache = {
-        k: float(eng[k])
-        for k in ("prompt_cached_share", "prefix_cache_hit_rate")
-        if isinstance(eng.get(k), int | float)
-    }
-    return report.LatencyProfile(clean(title), pct, phases, cache)
-
-
 def bundle_latency_figure(bundle: Path, promoted: bool) -> Markup | None:
     """The bundle's own latency breakdown when it has a kernel panel (profiled configs: the
     profiles are not kept in the study), as an image: an SVG shown through ``<img>`` runs no
@@ -132,7 +110,9 @@ def latency_figure(
             what = "baseline" if r.baseline else "promoted" if promoted else "best single run"
             if r.baseline and t.number == shown:
                 what = "promoted = baseline" if promoted else "baseline, the best single run"
-            prof = _profile(trial_file(study_dir, r.result_file), f"{what} (trial {t.number})")
+            prof = launch_profile(
+                trial_file(study_dir, r.result_file), clean(f"{what} (trial {t.number})")
+            )
             if prof is not None:
                 profiles.append(prof)
     if not profiles:
