@@ -241,6 +241,7 @@ SHARED_PARAMS: dict[str, ParamValue] = {
     "enable_prefix_caching": True,
 }
 SHARED = "shared_engine"
+KILLS_SHARED = "shared_engine_to_kill"  # for a test that kills it: it runs last
 
 
 @dataclass
@@ -321,23 +322,37 @@ def shared_engine(
     after the last (``pytest_collection_modifyitems`` runs those tests one after another)."""
     shared = _shared_holder.get()
     yield shared
-    users = [item for item in request.session.items if SHARED in _fixtures(item)]
     died = shared.engine.returncode() is not None
-    if died or request.node is users[-1]:
+    if died or request.node is _users(request.session.items)[-1]:
         _shared_holder.stop()  # a dead one is started again by the next test that asks
     assert not died, "the shared engine died during this test"
+
+
+@pytest.fixture
+def shared_engine_to_kill(_shared_holder: _SharedHolder) -> Iterator[SharedEngine]:
+    """The shared engine for a test that kills it: such tests run after the others that
+    share it, and it is stopped (its leftovers checked) after each."""
+    yield _shared_holder.get()
+    _shared_holder.stop()
 
 
 def _fixtures(item: pytest.Item) -> list[str]:
     return list(getattr(item, "fixturenames", ()))
 
 
+def _users(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests that share the engine, in their running order: the killers last."""
+    return [item for item in items if SHARED in _fixtures(item)] + [
+        item for item in items if KILLS_SHARED in _fixtures(item)
+    ]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The shared engine's tests run together, where the first of them was: it is idle, but
     holds memory and processes, for as short a time as possible."""
-    users = [item for item in items if SHARED in _fixtures(item)]
+    users = _users(items)
     if len(users) < 2:
         return
-    first = items.index(users[0])
-    rest = [item for item in items if SHARED not in _fixtures(item)]
+    first = min(items.index(item) for item in users)
+    rest = [item for item in items if item not in users]
     items[:] = rest[:first] + users + rest[first:]

@@ -1,8 +1,9 @@
 """`autotuner bench` and its parts against a real vLLM (CPU build) serving the tiny model.
 
-Each test starts an engine (40-100 s on 2 cores); together they are the evidence that the
-foundation works for real: verdicts, launch-error classification, failures under a dying
-engine, and no process left behind whatever happens to the tuner.
+Each test starts an engine (40-100 s on 2 cores; the engine-kill test kills the suite's shared
+one); together they are the evidence that the foundation works for real: verdicts,
+launch-error classification, failures under a dying engine, and no process left behind
+whatever happens to the tuner.
 """
 
 from __future__ import annotations
@@ -20,22 +21,13 @@ import numpy as np
 import pytest
 
 from autotuner.engines import registry
-from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.measure.bench import build_plan
 from autotuner.measure.evaluate import evaluate
 from autotuner.measure.loadgen import LoadPlan, Progress, run_load
 from autotuner.sla.spec import load_sla
 from autotuner.workload.requests import Arrival, LengthDist, PromptSource, RequestFactory
 
-from .conftest import (
-    KV_SHARE,
-    TAG_VAR,
-    SlaWriter,
-    assert_no_leftovers,
-    run_cli,
-    tagged_processes,
-    wait_until,
-)
+from .conftest import SharedEngine, SlaWriter, run_cli, tagged_processes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -144,22 +136,14 @@ def test_tuner_killed_mid_run_leaves_no_engine(
 
 
 def test_engine_killed_mid_load_gives_counted_failures(
-    vllm_python: Path, tiny_model: Path, write_sla: SlaWriter, tag: str, tmp_path: Path
+    shared_engine_to_kill: SharedEngine, tiny_model: Path, write_sla: SlaWriter
 ) -> None:
+    # The suite's shared engine, killed here after its other tests (conftest): the kill, not
+    # the launch, is under test; the fixture stops what is left and checks for leftovers.
     sla = load_sla(write_sla({"max_error_rate": 0.0}))
-    engine = VllmEngine(
-        python=vllm_python,
-        model=tiny_model,
-        served_name="tiny",
-        params={"enforce_eager": True, "gpu_memory_utilization": KV_SHARE, "max_model_len": 512},
-        extra_args=[],
-        env={TAG_VAR: tag},
-        cuda_devices=None,
-        log_path=tmp_path / "engine.log",
-    )
+    engine, endpoint = shared_engine_to_kill.engine, shared_engine_to_kill.endpoint
 
     async def scenario() -> None:
-        endpoint = await engine.launch()
         try:
             # Chat on the real server: prompt words are exactly the generated model's tokens.
             source = PromptSource.from_model_dir(tiny_model)
@@ -211,4 +195,3 @@ def test_engine_killed_mid_load_gives_counted_failures(
             await engine.stop()
 
     asyncio.run(scenario())
-    assert_no_leftovers(tag)
