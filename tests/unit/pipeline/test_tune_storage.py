@@ -4,7 +4,7 @@ immutable or read-only file) exits 2 before anything is launched or overwritten,
 belongs to the storage: two trial folders sharing one ``tune.storage`` never tune the same
 study at once.
 
-Every launch is the fake of tests/unit/tune/test_tune_study.py.
+Every launch is the fake of tests/unit/pipeline/test_tune_study.py.
 """
 
 from __future__ import annotations
