@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -153,6 +154,11 @@ class LoadResult:
     runs: tuple[RunSpan, ...] = ()  # the pooled runs, in the order of ``records``; () one run
 
     def __post_init__(self) -> None:
+        # A level file is input: a run of no requests or an unmeasurable duration is refused,
+        # not divided by.
+        for r in self.runs:
+            if r.requests < 1 or not (math.isfinite(r.duration_s) and r.duration_s >= 0):
+                raise ValueError(f"a pooled run of {r.requests} requests in {r.duration_s} s")
         if self.runs and sum(r.requests for r in self.runs) != len(self.records):
             raise ValueError(
                 f"the pooled runs hold {sum(r.requests for r in self.runs)} requests, "

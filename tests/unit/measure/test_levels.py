@@ -283,6 +283,25 @@ def test_a_pooled_level_keeps_its_runs_in_its_file() -> None:
     assert "runs" not in a.to_dict() and LoadResult.from_dict(a.to_dict()).parts() == (a,)
 
 
+@pytest.mark.parametrize(
+    "runs",
+    [
+        [{"requests": -40, "duration_s": 4.0}, {"requests": 160, "duration_s": 8.0}],
+        [{"requests": 40, "duration_s": float("nan")}, {"requests": 80, "duration_s": 8.0}],
+        [{"requests": 40, "duration_s": float("inf")}, {"requests": 80, "duration_s": 8.0}],
+        [{"requests": 0, "duration_s": 4.0}, {"requests": 120, "duration_s": 8.0}],
+    ],
+)
+def test_a_level_file_with_impossible_runs_is_refused(runs: list[dict[str, float]]) -> None:
+    # The counts add up to the records, so only a check of each run catches them.
+    data = json.loads(
+        json.dumps(pooled(paced(10.0, 20.0, n=40), paced(10.0, 20.0, n=80)).to_dict())
+    )
+    data["runs"] = runs
+    with pytest.raises(ValueError, match="a pooled run of"):
+        LoadResult.from_dict(data)
+
+
 def test_a_pooled_level_written_before_its_runs_were_kept_still_reads_at_its_rate() -> None:
     # Studies written before kept only the records: each run's indices restart at 0, so the
     # runs are where the index falls back; their durations split by requests.
