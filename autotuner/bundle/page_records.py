@@ -171,8 +171,8 @@ def search_launches(
             reason = "its tune stopped before this launch finished: no result recorded"
         if r.duplicate:
             reason = f"same config as trial {r.duplicate_of}: its result reused, no launch"
-        if t.state == TrialState.WAITING and r.requeued_from is not None:
-            reason = f"trial {r.requeued_from}'s config, queued again"
+        if t.state == TrialState.WAITING and (queued := r.queued_note()):
+            reason = queued
         cap = r.capacity or (tf.capacity if tf else None)
         tail = tf.extra.get("log_tail") if tf else None
         out.append(

@@ -79,8 +79,10 @@ def render(study: optuna.Study, study_dir: Path, roles: OptionRoles) -> str:
         note = json.dumps(params) if params else "engine defaults"
         if t.state == TrialState.RUNNING and not r.baseline and not params:
             note = "config not chosen yet"  # a candidate still being suggested: not the defaults
-        if t.state == TrialState.WAITING and r.requeued_from is not None:
-            note = f"trial {r.requeued_from}'s config, queued again"  # its values aren't params yet
+        if r.interrupted and not r.baseline and not params:
+            note = "interrupted before its config was chosen"  # not the defaults either
+        if t.state == TrialState.WAITING and (queued := r.queued_note()):
+            note = queued
         if r.reason and not feasible(t):
             note += f" -- {r.reason}"
         if t.number in busy:

@@ -136,6 +136,9 @@ class TrialRecord(Record):
     duplicate_of: int | None = None  # an earlier trial with the same config: result reused
     interrupted: bool = False  # left RUNNING by a crash and failed at the next start
     requeued_from: int | None = None  # the interrupted trial whose config this one re-runs
+    # The sampled trial, pruned out of reach, whose proposal this config is moved toward
+    # (search.nearby.into_reach): a search candidate, enqueued only to run as it was moved.
+    moved_from: int | None = None
     owner: ProcessOwner | None = None  # the tuner that asked it (None: an older tuner's trial)
     # The trial's Optuna constraints (<= 0 met), repeated here because optuna-dashboard reads
     # only the pre-5.0 list form of Optuna's own (see :meth:`attrs`).
@@ -160,6 +163,14 @@ class TrialRecord(Record):
     @property
     def duplicate(self) -> bool:
         return self.duplicate_of is not None
+
+    def queued_note(self) -> str | None:
+        """Why a WAITING trial waits (its values aren't Optuna params until it is asked)."""
+        if self.requeued_from is not None:
+            return f"trial {self.requeued_from}'s config, queued again"
+        if self.moved_from is not None:
+            return f"trial {self.moved_from}'s proposal moved within reach, queued"
+        return None
 
     def params_or(self, fallback: Mapping[str, Any]) -> dict[str, Any]:
         """The full params, or ``fallback`` (Optuna's suggested params) when never recorded."""

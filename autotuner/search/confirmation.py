@@ -32,6 +32,7 @@ from autotuner.search.confirm import (
 from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.launched import StudyView, candidates, search_capacity, trial_file
 from autotuner.search.pareto import Candidate
+from autotuner.search.study import raced_out
 from autotuner.search.trial import CRASHED, TrialResult
 from autotuner.sla.load import load_unit, sla_load
 from autotuner.sla.spec import Sla
@@ -98,7 +99,13 @@ def confirm(
             # Candidates met the SLA but none reached the front: the baseline measured best.
             reason = "no confirmation: the baseline measured best (no candidate on the front)"
         elif all(c.baseline for c in launched):
-            reason = "no confirmation: only the baseline was launched"
+            raced = sum(raced_out(t) for t in ctx.study.get_trials(deepcopy=False))
+            reason = (
+                f"no confirmation: {raced} candidate(s) launched, each raced out (it missed "
+                "the SLA at the baseline's capacity), so none has a capacity to confirm"
+                if raced
+                else "no confirmation: only the baseline was launched"
+            )
         return not_confirmed(f"kept the baseline, no launch spent: {reason}"), [], configs
     if spec.replicates < 2:
         lead = selection.labels[0]

@@ -32,6 +32,7 @@ engine: what a condition means is the file's business, how it is decided is this
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from autotuner.core.types import same_value
 from autotuner.measure.levels import LOAD_INDEPENDENT
 from autotuner.records.trial import TrialRecord
 from autotuner.search.misses import EngineDefaults, MissBook
-from autotuner.search.nearby import NEAR_STEPS, nearest_feasible
+from autotuner.search.nearby import NEAR_STEPS, into_reach, nearest_feasible
 from autotuner.search.progress import (
     StudyStopper,
     best_launch,
@@ -583,6 +584,21 @@ class SearchPlan:
             f"(trial {nearest.trial}); the sampler looks within {self.near_steps:g}"
         )
 
+    def move_into_reach(
+        self, study: optuna.Study, suggested: Mapping[str, Value], rng: random.Random
+    ) -> tuple[int, dict[str, ParamValue]] | None:
+        """The nearest launch that met the SLA, and its config moved toward ``suggested`` by
+        at most ``near_steps`` (search.nearby.into_reach); None when there is no such launch
+        or no move."""
+        if self.near_steps is None:
+            return None
+        values = _scalars(suggested)
+        nearest = nearest_feasible(study, self.misses(), values)
+        if nearest is None:
+            return None
+        moved = into_reach(self.misses(), nearest.params, values, self.near_steps, rng)
+        return None if moved is None else (nearest.trial, moved)
+
     def misses(self) -> MissBook:
         if self._book is None:
             metric_of = {c.key: c.metric for c in self.sla.constraints}
@@ -622,9 +638,15 @@ class SearchPlan:
 
 
 def _enqueued(t: optuna.trial.FrozenTrial) -> bool:
-    """A warm-start candidate (enqueued, not re-queued after an interruption)."""
+    """A warm-start candidate (enqueued; not re-queued after an interruption, not moved
+    within reach of a proposal)."""
     r = TrialRecord.from_trial(t)
-    return r.role == "candidate" and r.requeued_from is None and "fixed_params" in t.system_attrs
+    return (
+        r.role == "candidate"
+        and r.requeued_from is None
+        and r.moved_from is None
+        and "fixed_params" in t.system_attrs
+    )
 
 
 def _scalars(values: Mapping[str, Value]) -> dict[str, ParamValue]:

@@ -119,12 +119,13 @@ def incumbent(study: optuna.Study) -> FrozenTrial | None:
 
 def is_candidate_from_sampler(t: FrozenTrial) -> bool:
     """A candidate the sampler chose: neither enqueued by the warm start nor re-queued after
-    an interruption (both are enqueued, which Optuna marks as ``fixed_params``)."""
+    an interruption (both are enqueued, which Optuna marks as ``fixed_params``). A config
+    moved within reach of the sampler's proposal (search.nearby) is the sampler's too."""
     r = TrialRecord.from_trial(t)
     return (
         r.role == "candidate"
         and r.requeued_from is None
-        and "fixed_params" not in t.system_attrs
+        and (r.moved_from is not None or "fixed_params" not in t.system_attrs)
         and t.state != TrialState.WAITING
     )
 

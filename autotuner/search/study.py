@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import socket
 import time
 import warnings
@@ -295,8 +296,10 @@ def _requeue(study: optuna.Study, trials: list[FrozenTrial], say: Say) -> list[i
 
 
 def _requeued_values(trial: optuna.Trial) -> dict[str, ParamValue] | None:
-    """The values an interrupted trial ran with, when ``trial`` is its re-queued copy."""
-    if TrialRecord.from_trial(trial).requeued_from is None:
+    """The values ``trial`` was queued with: an interrupted trial's, when it is its re-queued
+    copy; a config moved within reach of an out-of-reach proposal (search.nearby)."""
+    r = TrialRecord.from_trial(trial)
+    if r.requeued_from is None and r.moved_from is None:
         return None
     # Optuna keeps enqueued values in a system attribute that Trial no longer exposes.
     fixed = trial.storage.get_trial_system_attrs(trial._trial_id).get("fixed_params")
@@ -653,6 +656,19 @@ class StudyRunner:
                 return t
         return None
 
+    def _move_into_reach(self, trial: optuna.Trial, suggested: Mapping[str, ParamValue]) -> str:
+        """Queue the nearest feasible config moved toward a proposal out of reach, to be asked
+        next; what to add to the proposal's reason ("" when there is no move)."""
+        assert self.plan is not None
+        moved = self.plan.move_into_reach(self.study, suggested, random.Random(trial.number))
+        if moved is None:
+            return ""
+        near, values = moved
+        attrs = TrialRecord(role="candidate", moved_from=trial.number).attrs()
+        self.study.enqueue_trial(values, user_attrs=attrs)
+        shown = ", ".join(f"{k}={v}" for k, v in values.items()) or "engine defaults"
+        return f"; queued instead: trial {near}'s config moved toward it ({shown})"
+
     def prepare(self) -> _Pending | None:
         """Ask one trial; settle it at once (reused, pruned) or return it to launch."""
         warm = self._warm()
@@ -691,6 +707,8 @@ class StudyRunner:
                 reason = self.plan.hopeless(self.study, suggested)
             if not reason and self.plan is not None and sampled:
                 reason = self.plan.out_of_reach(self.study, suggested)
+                if reason:
+                    reason += self._move_into_reach(trial, suggested)
             race = race_start(self.study, self.sla) if self.race else None
             if not reason and race is not None and (lost := self._raced_before(key, race[0])):
                 reason = (

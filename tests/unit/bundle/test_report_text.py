@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import optuna
 from optuna.distributions import IntDistribution
-from optuna.trial import create_trial
+from optuna.trial import TrialState, create_trial
 
 from autotuner.bundle.summary import render, sla_percentiles, target_text
 from autotuner.engines import registry
@@ -100,4 +100,22 @@ def test_a_candidate_still_choosing_its_config_does_not_read_as_the_defaults(
     text = _render(study, tmp_path)
     row = next(line for line in text.splitlines() if line.lstrip().startswith(f"{trial.number} "))
     assert "running" in row and "config not chosen yet" in row
+    assert "engine defaults" not in row
+
+
+def test_a_candidate_interrupted_before_its_config_was_chosen_is_not_the_defaults(
+    tmp_path: Path,
+) -> None:
+    # The H200 interactive study: the sampler crashed while choosing trial 2's config; the
+    # next run failed it as interrupted, and the report called it "engine defaults".
+    study = _study(tmp_path, "gpu:0")
+    study.add_trial(
+        create_trial(
+            state=TrialState.FAIL,
+            user_attrs={"role": "candidate", "interrupted": True},
+        )
+    )
+    text = _render(study, tmp_path)
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("1 "))
+    assert "interrupted before its config was chosen" in row
     assert "engine defaults" not in row

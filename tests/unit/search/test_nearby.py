@@ -8,6 +8,7 @@ near a feasible one go ahead, and nothing is out of reach before some launch met
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.search.misses import MissBook
-from autotuner.search.nearby import distance, steps
+from autotuner.search.nearby import distance, into_reach, steps
 from autotuner.search.priors import SearchPlan
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
 from autotuner.search.trial import Level, TrialResult
@@ -176,3 +177,103 @@ def test_nothing_is_out_of_reach_before_a_launch_met_the_sla(tmp_path: Path) -> 
     )
     plan = SearchPlan(space, sla, tmp_path)
     assert plan.out_of_reach(study, {"max_num_seqs": 1024, "block_size": 128}) is None
+
+
+def test_a_far_proposal_moves_the_nearest_config_at_most_two_steps_toward_it() -> None:
+    space = gpu()
+    book = MissBook(space, engine_defaults=lambda params: H200)
+    # What an unmodelled TPE proposal looks like: nearly every parameter changed.
+    far = {
+        "max_num_seqs": 1784,
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": 30807,
+        "long_prefill_token_threshold": 4096,
+        "async_scheduling": False,
+        "stream_interval": 16,
+        "gpu_memory_utilization": 0.81,
+        "block_size": 128,
+        "enable_prefix_caching": False,
+        "optimization_level": 1,
+        "max_cudagraph_capture_size": 1024,
+    }
+    start = book.effective({})
+    assert distance(space, book.effective(far), start) > 2
+    seen = set()
+    for seed in range(20):
+        moved = into_reach(book, {}, far, 2.0, random.Random(seed))
+        assert moved, seed
+        d = distance(space, book.effective(moved), start)
+        assert 0 < d <= 2 + 1e-9, (seed, moved, d)
+        for name, value in moved.items():  # toward the proposal: its value, or part way
+            p = space.param(name)
+            assert steps(p, value, far[name]) < steps(p, start[name], far[name]), (name, value)
+        seen.add(tuple(sorted(moved)))
+    assert len(seen) > 3, "the order of the changes must vary with the seed"
+    assert into_reach(book, {}, far, 2.0, random.Random(7)) == into_reach(
+        book, {}, far, 2.0, random.Random(7)
+    )
+
+
+def test_part_of_the_way_on_a_range_and_a_switch_that_turns_a_parameter_off() -> None:
+    space = gpu()
+    book = MissBook(space, engine_defaults=lambda params: H200)
+    seqs = {"max_num_seqs": 256}
+    assert into_reach(book, seqs, {"max_num_seqs": 2048}, 2.0, random.Random(0)) == {
+        "max_num_seqs": 1024  # two factors of two, not the eight asked
+    }
+    half = into_reach(book, seqs, {"max_num_seqs": 2048}, 1.5, random.Random(0))
+    assert half is not None and 256 < int(str(half["max_num_seqs"])) <= 256 * 2**1.5
+    assert into_reach(book, seqs, seqs, 2.0, random.Random(0)) is None  # nothing to move
+    chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": 16384}
+    off = into_reach(book, chunked, {"enable_chunked_prefill": False}, 2.0, random.Random(0))
+    assert off == {"enable_chunked_prefill": False}  # the budget it governed is dropped
+
+
+def test_a_study_whose_proposals_all_lie_far_still_launches_within_reach(tmp_path: Path) -> None:
+    """The H200 interactive study: 12 parameters, the first proposals change nearly all of
+    them; pruning alone skipped 40 in a row and stopped the search after 2 launches."""
+    sla = parse_sla(SLA)
+    space = gpu()
+    launched: list[dict[str, Any]] = []
+
+    def run(params: Mapping[str, Any], trial_dir: Path) -> TrialResult:
+        launched.append(dict(params))
+        level = Level(2.0, True, {"goodput": 2.0, "p99_ttft_ms": 50.0}, {}, {}, {}, "l.json")
+        result = TrialResult(dict(params), "complete", "rate", (level,), 0)
+        result.write(trial_dir / "trial.json")
+        return result
+
+    study = open_study(
+        sla, storage_url(tmp_path, None), make_sampler("random", 30, 1, 5), {"engine": "x"}
+    )
+    plan = SearchPlan(space, sla, tmp_path, warm_limit=0, near_steps=2.0)
+    plan.engine_defaults = lambda params: H200
+    said: list[str] = []
+    StudyRunner(
+        sla,
+        study,
+        tmp_path,
+        suggest=space.suggest,
+        fixed=space.fixed,
+        prune=lambda p: None,
+        run=run,
+        budget=Budget(6),
+        say=said.append,
+        plan=plan,
+    ).loop()
+    assert len(launched) == 6, said
+    assert not any("suggestions in a row" in line for line in said)
+    book = MissBook(space, engine_defaults=lambda params: H200)
+    for i, params in enumerate(launched[1:], start=1):
+        tuned = {k: v for k, v in params.items() if k not in space.fixed}
+        near = min(
+            distance(space, book.effective(tuned), book.effective(earlier))
+            for earlier in launched[:i]
+        )
+        assert 0 < near <= 2 + 1e-9, (i, params)
+    moved = [t for t in study.trials if t.user_attrs.get("moved_from") is not None]
+    assert moved and all(t.state == TrialState.COMPLETE for t in moved)
+    for t in moved:  # the proposal it came from: pruned out of reach, naming the move
+        origin = study.trials[t.user_attrs["moved_from"]]
+        assert origin.state == TrialState.PRUNED
+        assert "queued instead: trial " in origin.user_attrs["reason"]

@@ -15,6 +15,7 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -27,6 +28,8 @@ from autotuner.engines import registry
 from autotuner.models.synth import synthesize
 from autotuner.records.trial import TrialFile, TrialRecord
 from autotuner.search.accounting import account
+from autotuner.search.confirmation import confirm
+from autotuner.search.launched import candidates
 from autotuner.search.study import (
     Budget,
     StudyRunner,
@@ -271,6 +274,15 @@ def test_single_objective_reports_the_level_and_the_baseline_is_never_raced(
     pruned = study.trials[1]
     assert pruned.state == TrialState.PRUNED and pruned.intermediate_values == {0: 10.0}
     assert runner.spent() == 2  # a raced-out launch spends the budget
+
+    # The decision keeps the baseline without a launch, and says why: the candidate was
+    # launched and raced out, not "only the baseline was launched" (an H200 study said that).
+    ctx = SimpleNamespace(study=study, study_dir=tmp_path, sla=sla, engine=VLLM)
+    ranked = [c for c in candidates(study) if c.feasible]
+    decision, reps, _ = confirm(ctx, ranked, lambda *a: pytest.fail("no launch"), lambda x: None)
+    assert reps == [] and decision.promoted_is_baseline and not decision.confirmed
+    assert "1 candidate(s) launched, each raced out" in decision.reason
+    assert "only the baseline" not in decision.reason
 
 
 def test_gpu_seconds_split_warm_up_from_the_levels_and_scale_with_devices() -> None:
