@@ -9,12 +9,14 @@ does, where a limit binds). A candidate out of reach is pruned before launch wit
 nearest feasible launch and its distance as the reason; the sampler sees it pruned and moves
 elsewhere. Until some launch meets the SLA nothing is out of reach.
 
-A pruned proposal is not simply dropped: :func:`into_reach` moves the nearest feasible config
-toward it by at most :data:`NEAR_STEPS` steps (its changes in a random order, the last one
-part of the way), and that move is launched next. Pruning alone never launched anything on
-an H200 study of 12 parameters: a proposal of the first, unmodelled trials changes nearly
+When the sampler proposed ``MOVE_AFTER`` (10, search.study) configs out of reach since the
+last launch, the latest is not simply dropped: :func:`into_reach` moves the nearest feasible
+config toward it by at most :data:`NEAR_STEPS` steps (its changes in a random order, the last
+one part of the way), and that move is launched next. Pruning alone never launched anything
+on an H200 study of 12 parameters: a proposal of the first, unmodelled trials changes nearly
 every parameter, so 40 in a row lay 7 to 16 steps away and the search stopped as
-"exhausted" after 2 launches.
+"exhausted" after 2 launches. The sampler gets its tries first: on spaces of a few knobs it
+finds a proposal within reach after a few, and it chooses better than a random move.
 
 Steps between two values of one parameter (:func:`steps`):
 

@@ -62,6 +62,11 @@ UNDECIDED = "sla_undecided_at_own_load"
 
 # Safety valves for tiny spaces: stop asking when nothing new comes out.
 MAX_CONSECUTIVE_SKIPS = 40
+# Proposals out of reach since the last launch before the latest one is moved into reach
+# (search.nearby): the sampler's own proposal near a feasible config is the better
+# candidate, and on spaces of a few knobs it finds one within a few tries; on the H200's 12
+# it found none in 40.
+MOVE_AFTER = 10
 
 
 class StudyMismatch(BadInput):
@@ -540,6 +545,8 @@ class StudyRunner:
         # Why the suggestions since the last launch were skipped, by kind: the stop message
         # names the rule that fenced the sampler in.
         self.skipped: Counter[str] = Counter()
+        # Proposals pruned out of reach since the last launch (MOVE_AFTER).
+        self.far = 0
 
     def spent(self) -> int:
         return sum(counted(t) for t in self.study.get_trials(deepcopy=False))
@@ -657,12 +664,17 @@ class StudyRunner:
         return None
 
     def _move_into_reach(self, trial: optuna.Trial, suggested: Mapping[str, ParamValue]) -> str:
-        """Queue the nearest feasible config moved toward a proposal out of reach, to be asked
-        next; what to add to the proposal's reason ("" when there is no move)."""
+        """Queue the nearest feasible config moved toward a proposal out of reach, once the
+        sampler proposed ``MOVE_AFTER`` of them since the last launch, to be asked next; what
+        to add to the proposal's reason ("" when there is no move)."""
         assert self.plan is not None
+        self.far += 1
+        if self.far < MOVE_AFTER:
+            return ""
         moved = self.plan.move_into_reach(self.study, suggested, random.Random(trial.number))
         if moved is None:
             return ""
+        self.far = 0
         near, values = moved
         attrs = TrialRecord(role="candidate", moved_from=trial.number).attrs()
         self.study.enqueue_trial(values, user_attrs=attrs)
@@ -722,6 +734,7 @@ class StudyRunner:
                 self.say(f"trial {trial.number}: pruned before launch: {reason}")
                 self.skipped[f"pruned ({_reason_kind(reason)})"] += 1
                 return None
+        self.far = 0
         n_done = self.spent() + 1
         role = "baseline (engine defaults)" if baseline else "candidate"
         if baseline and self.sla.search.baseline:

@@ -21,7 +21,14 @@ from optuna.trial import TrialState
 from autotuner.search.misses import MissBook
 from autotuner.search.nearby import distance, into_reach, steps
 from autotuner.search.priors import SearchPlan
-from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
+from autotuner.search.study import (
+    MOVE_AFTER,
+    Budget,
+    StudyRunner,
+    make_sampler,
+    open_study,
+    storage_url,
+)
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla
 from autotuner.space import ParamOverride, SearchSpace, load_space
@@ -277,3 +284,14 @@ def test_a_study_whose_proposals_all_lie_far_still_launches_within_reach(tmp_pat
         origin = study.trials[t.user_attrs["moved_from"]]
         assert origin.state == TrialState.PRUNED
         assert "queued instead: trial " in origin.user_attrs["reason"]
+        # The sampler had its tries first: MOVE_AFTER proposals out of reach since the last
+        # launch, the last of them moved.
+        last = max(
+            u.number for u in study.trials[: origin.number] if u.state == TrialState.COMPLETE
+        )
+        far = [
+            u
+            for u in study.trials[last + 1 : origin.number + 1]
+            if "out of reach" in u.user_attrs.get("reason", "")
+        ]
+        assert len(far) == MOVE_AFTER
