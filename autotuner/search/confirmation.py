@@ -32,7 +32,7 @@ from autotuner.search.confirm import (
 from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.launched import StudyView, candidates, search_capacity, trial_file
 from autotuner.search.pareto import Candidate
-from autotuner.search.study import raced_out
+from autotuner.search.study import fresh_from, raced_out
 from autotuner.search.trial import CRASHED, TrialResult
 from autotuner.sla.load import load_unit, sla_load
 from autotuner.sla.spec import Sla
@@ -99,7 +99,10 @@ def confirm(
             # Candidates met the SLA but none reached the front: the baseline measured best.
             reason = "no confirmation: the baseline measured best (no candidate on the front)"
         elif all(c.baseline for c in launched):
-            raced = sum(raced_out(t) for t in ctx.study.get_trials(deepcopy=False))
+            since = fresh_from(ctx.study)  # a re-tune's own launches only, as `launched`
+            raced = sum(
+                t.number >= since and raced_out(t) for t in ctx.study.get_trials(deepcopy=False)
+            )
             reason = (
                 f"no confirmation: {raced} candidate(s) launched, each raced out (it missed "
                 "the SLA at the baseline's capacity), so none has a capacity to confirm"
