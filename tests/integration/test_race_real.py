@@ -44,7 +44,11 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
     workload = {
         "input_tokens": 32,
         "output_tokens": 256,
-        "arrival": {"process": "poisson", "rate": 0.5},
+        # The defaults' search starts at 1 req/s, the least capacity worth racing at (asserted
+        # below): a first level at 0.5 req/s (60 s of 30 requests) could only end the test.
+        # Two levels: 1 and 2 req/s, or 1 req/s measured again when it was undecided. (A third,
+        # at 4 req/s, only moved the race there, where the one slot drains 30 answers as slowly.)
+        "arrival": {"process": "poisson", "rate": 1.0},
         # 30, not 10: one send 1 s late (a 2-core host's stall) left a 10-request level at
         # 92 % of its schedule, undecided, and the defaults' capacity at 0.5 req/s.
         "requests": 30,
@@ -57,7 +61,7 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
         # 256-token answers: p50 TTFT 3.6 s at 1 req/s on a loaded 2-core host (5 s let it in).
         constraints={"p50_ttft_ms": 2000},
         objectives=[{"maximize": "capacity"}],
-        tune={"max_levels": 3, "rate_step": 2.0},
+        tune={"max_levels": 2, "rate_step": 2.0},
     )
     sla = parse_sla(yaml.safe_dump(data, sort_keys=False))
     study_dir = tmp_path / "trials" / NAME
@@ -74,7 +78,7 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
     def run(
         params: dict[str, object], trial_dir: Path, /, *, start_load: float | None = None
     ) -> TrialResult:
-        settings = SearchSettings(max_levels=3, step=2.0, start_load=start_load)
+        settings = SearchSettings(max_levels=2, step=2.0, start_load=start_load)
         return run_trial(
             params,  # type: ignore[arg-type]
             sla,
@@ -102,7 +106,7 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
         say=said.append,
         race=True,
     )
-    assert runner.step(), said  # the baseline: its full search from 0.5 req/s
+    assert runner.step(), said  # the baseline: its full search from 1 req/s
     base = study.get_trials(deepcopy=False)[0]
     cap = TrialRecord.from_trial(base).capacity
     assert base.state == TrialState.COMPLETE and cap is not None, said
