@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,24 +125,38 @@ def run_loop(tmp: Path, near: float | None) -> tuple[list[dict[str, Any]], optun
         result.write(trial_dir / "trial.json")
         return result
 
-    study = open_study(
-        sla, storage_url(tmp, None), make_sampler("random", 30, 1, 3), {"engine": "x"}
-    )
     plan = SearchPlan(space, sla, tmp, warm_limit=1, near_steps=near)
     plan.engine_defaults = lambda params: {"max_num_seqs": 1024}
+    study = loop(tmp, space, plan, run, Budget(12), seed=3)
+    return launched, study
+
+
+def loop(
+    tmp: Path,
+    space: SearchSpace,
+    plan: SearchPlan,
+    run: Callable[[Mapping[str, Any], Path], TrialResult],
+    budget: Budget,
+    seed: int,
+    say: Callable[[str], None] = lambda line: None,
+) -> optuna.Study:
+    """The study loop over ``space`` with a random sampler, ``plan`` and the stand-in ``run``."""
+    study = open_study(
+        plan.sla, storage_url(tmp, None), make_sampler("random", 30, 1, seed), {"engine": "x"}
+    )
     StudyRunner(
-        sla,
+        plan.sla,
         study,
         tmp,
         suggest=space.suggest,
         fixed=space.fixed,
         prune=lambda p: None,
         run=run,
-        budget=Budget(12),
-        say=lambda line: None,
+        budget=budget,
+        say=say,
         plan=plan,
     ).loop()
-    return launched, study
+    return study
 
 
 def test_sampled_candidates_far_from_every_feasible_launch_are_pruned(tmp_path: Path) -> None:
@@ -250,24 +264,10 @@ def test_a_study_whose_proposals_all_lie_far_still_launches_within_reach(tmp_pat
         result.write(trial_dir / "trial.json")
         return result
 
-    study = open_study(
-        sla, storage_url(tmp_path, None), make_sampler("random", 30, 1, 5), {"engine": "x"}
-    )
     plan = SearchPlan(space, sla, tmp_path, warm_limit=0, near_steps=2.0)
     plan.engine_defaults = lambda params: H200
     said: list[str] = []
-    StudyRunner(
-        sla,
-        study,
-        tmp_path,
-        suggest=space.suggest,
-        fixed=space.fixed,
-        prune=lambda p: None,
-        run=run,
-        budget=Budget(6),
-        say=said.append,
-        plan=plan,
-    ).loop()
+    study = loop(tmp_path, space, plan, run, Budget(6), seed=5, say=said.append)
     assert len(launched) == 6, said
     assert not any("suggestions in a row" in line for line in said)
     book = MissBook(space, engine_defaults=lambda params: H200)
