@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from autotuner.engines import envs
 from autotuner.engines.base import Endpoint
 from autotuner.engines.vllm.launcher import VllmEngine
 from autotuner.models import synth
+from autotuner.search import trial
 
 
 def _find_python() -> Path | None:
@@ -259,6 +260,21 @@ class SharedEngine:
         runs (the prefix cache is on by default), or the test would measure another config."""
         assert {"enable_prefix_caching": True, **params} == SHARED_PARAMS, params
         return BorrowedEngine(self)
+
+    def serve_trials(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Make ``run_trial`` run on this engine instead of launching its own."""
+
+        def borrow(
+            _sla: object,
+            _python: Path,
+            _model: Path,
+            params: Mapping[str, ParamValue],
+            *_: object,
+            **__: object,
+        ) -> BorrowedEngine:
+            return self.borrowed(dict(params))
+
+        monkeypatch.setattr(trial, "make_engine", borrow)
 
 
 class BorrowedEngine:

@@ -9,19 +9,16 @@ shared engine: the levels, not the launch, are under test).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import yaml
 
-from autotuner.core.types import ParamValue
 from autotuner.engines import registry
-from autotuner.search import trial
 from autotuner.search.trial import SearchSettings, run_trial
 from autotuner.sla.spec import parse_sla
 
-from .conftest import TAG_VAR, BorrowedEngine, SharedEngine, assert_no_leftovers, cpu_sla
+from .conftest import TAG_VAR, SharedEngine, assert_no_leftovers, cpu_sla
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +34,7 @@ def test_every_load_level_sends_prompts_the_engine_has_not_cached(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def borrow(
-        _sla: object,
-        _python: Path,
-        _model: Path,
-        params: Mapping[str, ParamValue],
-        *_: object,
-        **__: object,
-    ) -> BorrowedEngine:
-        return shared_engine.borrowed(dict(params))
-
-    monkeypatch.setattr(trial, "make_engine", borrow)  # the trial runs on the shared engine
+    shared_engine.serve_trials(monkeypatch)  # the trial runs on the shared engine
     workload = {
         "input_tokens": INPUT_TOKENS,
         "output_tokens": 8,

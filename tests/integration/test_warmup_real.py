@@ -6,19 +6,16 @@ launch cost ~45 s on 2 cores)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import yaml
 
-from autotuner.core.types import ParamValue
-from autotuner.search import trial
 from autotuner.search.trial import SearchSettings, TrialResult, run_trial
 from autotuner.sla.spec import parse_sla
 from tests.unit.measure.test_steady_warmup import adapter_kw
 
-from .conftest import BorrowedEngine, SharedEngine, cpu_sla
+from .conftest import SharedEngine, cpu_sla
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +27,7 @@ def test_a_real_launch_records_its_warmup_and_the_hosts_load(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def borrow(
-        _sla: object,
-        _python: Path,
-        _model: Path,
-        params: Mapping[str, ParamValue],
-        *_: object,
-        **__: object,
-    ) -> BorrowedEngine:
-        return shared_engine.borrowed(dict(params))
-
-    monkeypatch.setattr(trial, "make_engine", borrow)  # the trial runs on the shared engine
+    shared_engine.serve_trials(monkeypatch)  # the trial runs on the shared engine
     workload = {
         "input_tokens": 32,
         "output_tokens": 8,
