@@ -231,10 +231,19 @@ class LoadResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoadResult:
         records = tuple(RequestRecord(**{**r, "itl_s": tuple(r["itl_s"])}) for r in data["records"])
+        duration_s = float(data["duration_s"])
+        # A level file is input: a NaN or infinite time would pass every limit it is compared
+        # with (NaN > limit is False), so it is refused when read.
+        if not (math.isfinite(duration_s) and duration_s >= 0):
+            raise ValueError(f"a level of duration {duration_s} s")
+        for r in records:
+            times = [r.sent_s, r.lag_s, r.ttft_s, r.e2e_s, *r.itl_s]
+            if not all(math.isfinite(float(t)) for t in times if t is not None):
+                raise ValueError(f"request {r.index}: a time that is not a finite number")
         return cls(
             plan=data["plan"],
             records=records,
-            duration_s=float(data["duration_s"]),
+            duration_s=duration_s,
             warmup_failed=int(data.get("warmup_failed", 0)),
             monitor=dict(data.get("monitor", {})),
             warmup_s=float(data.get("warmup_s", 0.0)),

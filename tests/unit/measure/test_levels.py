@@ -302,6 +302,29 @@ def test_a_level_file_with_impossible_runs_is_refused(runs: list[dict[str, float
         LoadResult.from_dict(data)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ttft_s", float("nan")),
+        ("e2e_s", float("inf")),
+        ("sent_s", float("-inf")),
+        ("itl_s", [0.01, float("nan")]),
+        ("duration_s", float("nan")),
+    ],
+)
+def test_a_level_file_with_a_time_that_is_not_a_number_is_refused(
+    field: str, value: object
+) -> None:
+    # NaN compares False with every limit: read, it would have met the SLA.
+    data = json.loads(json.dumps(paced(10.0, 20.0, n=40).to_dict()))
+    if field == "duration_s":
+        data[field] = value
+    else:
+        data["records"][3][field] = value
+    with pytest.raises(ValueError, match=r"not a finite number|a level of duration"):
+        LoadResult.from_dict(data)
+
+
 def test_a_pooled_level_written_before_its_runs_were_kept_still_reads_at_its_rate() -> None:
     # Studies written before kept only the records: each run's indices restart at 0, so the
     # runs are where the index falls back; their durations split by requests.
