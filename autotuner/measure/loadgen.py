@@ -232,8 +232,8 @@ class LoadResult:
     def from_dict(cls, data: dict[str, Any]) -> LoadResult:
         records = tuple(RequestRecord(**{**r, "itl_s": tuple(r["itl_s"])}) for r in data["records"])
         duration_s = float(data["duration_s"])
-        # A level file is input: a NaN or infinite time would pass every limit it is compared
-        # with (NaN > limit is False), so it is refused when read.
+        # A level file is input: a NaN or infinite time compares False with every limit, so it
+        # is refused when read.
         if not (math.isfinite(duration_s) and duration_s >= 0):
             raise ValueError(f"a level of duration {duration_s} s")
         for r in records:

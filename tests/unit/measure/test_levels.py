@@ -315,7 +315,7 @@ def test_a_level_file_with_impossible_runs_is_refused(runs: list[dict[str, float
 def test_a_level_file_with_a_time_that_is_not_a_number_is_refused(
     field: str, value: object
 ) -> None:
-    # NaN compares False with every limit: read, it would have met the SLA.
+    # A level file is input: NaN compares False with every limit, so it is refused on reading.
     data = json.loads(json.dumps(paced(10.0, 20.0, n=40).to_dict()))
     if field == "duration_s":
         data[field] = value
