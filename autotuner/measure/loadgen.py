@@ -37,6 +37,21 @@ from autotuner.workload.requests import Api, Arrival, RequestFactory, RequestSpe
 # Warm-up requests use their own prompts, so they cannot seed the prefix cache for the run.
 _WARMUP_INDEX_BASE = 10_000_000
 
+# Seconds a pooled connection may sit idle and still carry a request. It must stay below the
+# server's own keep-alive (vLLM's and uvicorn's default: 5 s): aiohttp's default, 15 s, reuses
+# the connection idle longest first, so a request could be written on a connection the server was
+# closing at that moment. On a busy server that is a reset ("Connection reset by peer") or
+# "Server disconnected", counted against the SLA. On the H200 two requests of a level failed so,
+# 4.2 s into it, on connections the warm-up had left idle (benchmarks/keepalive_race.py).
+KEEPALIVE_S = 2.0
+
+
+def client_session() -> aiohttp.ClientSession:
+    """The load generator's HTTP session: no connection limit (an open loop never waits for a
+    free connection), idle connections dropped after :data:`KEEPALIVE_S`."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=connector)
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -465,8 +480,7 @@ async def run_load(
     Returns at the latest ``plan.hard_deadline()`` seconds after the measured part starts
     (plus the warm-up): requests still open then are cancelled and recorded as ``deadline``.
     """
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with client_session() as session:
         warm_start = time.monotonic()
         warmed: WarmupRecord | None = None
         if plan.steady is not None:
