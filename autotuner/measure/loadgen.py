@@ -38,11 +38,12 @@ from autotuner.workload.requests import Api, Arrival, RequestFactory, RequestSpe
 _WARMUP_INDEX_BASE = 10_000_000
 
 # Seconds a pooled connection may sit idle and still carry a request. It must stay below the
-# server's own keep-alive (vLLM's and uvicorn's default: 5 s): aiohttp's default, 15 s, reuses
-# the connection idle longest first, so a request could be written on a connection the server was
-# closing at that moment. On a busy server that is a reset ("Connection reset by peer") or
-# "Server disconnected", counted against the SLA. On the H200 two requests of a level failed so,
-# 4.2 s into it, on connections the warm-up had left idle (benchmarks/keepalive_race.py).
+# server's own keep-alive (vLLM's and uvicorn's default: 5 s). With aiohttp's default, 15 s (and
+# aiohttp 3.14 reusing the longest-idle connection first), a request could be written on a
+# connection the server was closing at that moment: on a busy server, "Connection reset by
+# peer" or "Server disconnected", counted against the SLA. On the H200 two requests of a level
+# failed so, 4.2 s into it, on connections the warm-up had left idle
+# (benchmarks/keepalive_race.py reproduces it).
 KEEPALIVE_S = 2.0
 
 
