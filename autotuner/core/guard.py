@@ -1,6 +1,6 @@
 """A watchdog that reaps an engine's process group when the tuner dies without cleaning up.
 
-``python -m autotuner.core.guard OWNER_PID OWNER_START PGID`` polls twice a second. When the owner
+``python -m autotuner.core.guard OWNER_PID OWNER_STAMP PGID`` polls twice a second. When the owner
 (the tuner process that started the engine) is gone — killed with -9, say — it kills the
 whole group. vLLM's engine-core and worker processes do not die with the API server, and
 the kernel's parent-death signal only reaches the direct child, hence this process.
@@ -12,33 +12,22 @@ from __future__ import annotations
 import sys
 import time
 
-import psutil
-
 from autotuner.core import procs
 
 
-def owner_alive(pid: int, start_time: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        # A recycled PID has another start time.
-        return abs(proc.create_time() - start_time) < 1.0 and proc.status() != "zombie"
-    except psutil.Error:
-        return False
-
-
-def watch(owner_pid: int, owner_start: float, pgid: int, interval_s: float = 0.5) -> int:
+def watch(owner_pid: int, owner_stamp: float, pgid: int, interval_s: float = 0.5) -> int:
     while True:
         if not procs.group_members(pgid):
             return 0
-        if not owner_alive(owner_pid, owner_start):
+        if not procs.same_process(owner_pid, owner_stamp):  # a recycled pid has another stamp
             procs.kill_group(pgid, [], grace_s=5.0)
             return 1
         time.sleep(interval_s)
 
 
 def main(argv: list[str]) -> int:
-    owner_pid, owner_start, pgid = int(argv[0]), float(argv[1]), int(argv[2])
-    return watch(owner_pid, owner_start, pgid)
+    owner_pid, owner_stamp, pgid = int(argv[0]), float(argv[1]), int(argv[2])
+    return watch(owner_pid, owner_stamp, pgid)
 
 
 if __name__ == "__main__":

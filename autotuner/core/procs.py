@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 
 import psutil
@@ -31,18 +32,67 @@ def set_parent_death_signal() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+# Stamps above this are wall-clock start times (psutil's create_time()) of older records, or
+# of a system without /proc; start stamps after boot stay far below it (31 years of uptime).
+_EPOCH_STAMPS = 1e9
+_EPOCH_SLACK_S = 1.0  # create_time() is rounded differently across reads
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def start_stamp(pid: int) -> float | None:
+    """When process ``pid`` started, as seconds after boot; None when there is no such process.
+
+    From the kernel's start time in clock ticks, which never changes during the process's life.
+    Not psutil's ``create_time()``: that adds the boot time as the wall clock gives it now, in
+    whole seconds, so an adjustment of the clock moves it by a second or more while the process
+    runs (a CI machine whose clock was being corrected saw live tuners 'restart', and their
+    engine guards killed the engines mid-start). Without ``/proc``: the wall-clock time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            return psutil.Process(pid).create_time()
+        except psutil.Error:
+            return None
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name, in parentheses, may hold spaces
+    if fields[0] == "Z":
+        return None  # a zombie has ended: only its exit status is left
+    return int(fields[19]) / _TICKS  # field 22 of stat(5); the list starts at field 3
+
+
+def same_process(pid: int, stamp: float) -> bool:
+    """Whether ``pid`` is still the live process whose :func:`start_stamp` was ``stamp`` (pids
+    are reused). A wall-clock stamp of an older record is compared as it was, to the second."""
+    if stamp > _EPOCH_STAMPS:
+        try:
+            proc = psutil.Process(pid)
+            return (
+                abs(proc.create_time() - stamp) < _EPOCH_SLACK_S
+                and proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.Error:
+            return False
+    return start_stamp(pid) == stamp
+
+
+def own_start_stamp() -> float:
+    """This process's :func:`start_stamp`."""
+    stamp = start_stamp(os.getpid())
+    if stamp is None:  # cannot happen for a live process; never record a stamp nothing matches
+        raise RuntimeError("this process's start time cannot be read")
+    return stamp
+
+
 def start_guard(pgid: int) -> subprocess.Popen[bytes]:
     """Start :mod:`autotuner.core.guard` to reap group ``pgid`` if this process dies first."""
-    me = psutil.Process()
+    me, stamp = os.getpid(), own_start_stamp()
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autotuner.core.guard",
-            str(me.pid),
-            repr(me.create_time()),
-            str(pgid),
-        ],
+        [sys.executable, "-m", "autotuner.core.guard", str(me), repr(stamp), str(pgid)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,

@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING
 
 import psutil
 
-from autotuner.core.procs import kill_group, set_parent_death_signal
+from autotuner.core.procs import kill_group, same_process, set_parent_death_signal, start_stamp
 from autotuner.daemon import confine, exits, jobs, kinds
 from autotuner.daemon.errors import UnknownJobKind
 from autotuner.daemon.hostlocks import DeviceBusy
@@ -189,12 +189,10 @@ async def _start(d: Daemon, job: Job, argv: list[str], devices: list[str]) -> No
     logger.info(
         "job %d (%s %s on %s) started: pid %d", job.id, job.kind, job.sla, job.engine, proc.pid
     )
+    born = start_stamp(proc.pid)
     try:
-        born = psutil.Process(proc.pid).create_time()
-    except psutil.Error:  # already gone (it failed at once): its exit is handled below
-        born = time.time()
-    try:
-        d.store.set_pid(job.id, proc.pid, born)
+        if born is not None:  # else already gone (it failed at once): its exit is handled below
+            d.store.set_pid(job.id, proc.pid, born)
         run.job = d.store.job(job.id) or job
     except Exception as exc:  # unrecorded, the PID only matters to a restart's clean-up
         if not d.disk.note(exc, f"recording job {job.id}'s process"):
@@ -239,11 +237,9 @@ async def stop_all(d: Daemon) -> None:
 
 
 def _same_process(pid: int, start: float | None) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return start is None or abs(proc.create_time() - start) < 1.0
-    except psutil.Error:
-        return False
+    if start is None:  # recorded without its start: the pid is all there is
+        return psutil.pid_exists(pid)
+    return same_process(pid, start)
 
 
 def _signal_session(pid: int, sig: int) -> None:

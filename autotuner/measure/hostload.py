@@ -28,9 +28,11 @@ from typing import Any
 
 import psutil
 
+from autotuner.core import procs
+
 BUSY_SHARE = 0.25  # other processes using more than this share of the cores: a busy host
 
-_Key = tuple[int, float]  # (pid, create time): one process, even after its pid is reused
+_Key = tuple[int, float]  # (pid, start stamp): one process, even after its pid is reused
 
 
 def _ours(extra: Iterable[int] = ()) -> set[int]:
@@ -53,12 +55,15 @@ def _ours(extra: Iterable[int] = ()) -> set[int]:
 def _cpu_seconds(exclude: set[int]) -> dict[_Key, float]:
     """CPU seconds (user + system) so far of every process not in ``exclude``."""
     out: dict[_Key, float] = {}
-    for p in psutil.process_iter(["pid", "create_time", "cpu_times"]):
+    for p in psutil.process_iter(["pid", "cpu_times"]):
         info = p.info
         if info["pid"] in exclude or info["cpu_times"] is None:
             continue
-        t = info["cpu_times"]
-        out[(info["pid"], info["create_time"] or 0.0)] = t.user + t.system
+        # Not create_time(): it moves with the wall clock, and the process would look new.
+        stamp = procs.start_stamp(info["pid"])
+        if stamp is not None:
+            t = info["cpu_times"]
+            out[(info["pid"], stamp)] = t.user + t.system
     return out
 
 

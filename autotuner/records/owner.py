@@ -2,7 +2,7 @@
 record, so that another process can tell a live owner from one that is gone.
 
 A pid alone is not enough (pids are reused): the owner is the pid, the host and the process's
-start time (``psutil.Process.create_time()``), which together name one process.
+start (:func:`autotuner.core.procs.start_stamp`), which together name one process.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class ProcessOwner(BaseModel):
 
     pid: int
     host: str
-    started: float  # the process's start time, epoch seconds
+    started: float  # procs.start_stamp(): seconds after boot (older records: epoch seconds)
     since: str | None = None  # ISO 8601 UTC: when it took what it owns
 
     def describe(self) -> str:

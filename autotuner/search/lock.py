@@ -28,15 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-import psutil
-
-from autotuner.core import paths
+from autotuner.core import paths, procs
 from autotuner.core.errors import BadInput
 from autotuner.records.base import RecordError
 from autotuner.records.owner import ProcessOwner, StudyLockFile
 
 LOCK_NAME = "tune.lock"
-START_SLACK_S = 1.0  # create_time() is rounded differently across reads
 
 OwnerState = Literal["alive", "gone", "unknown"]
 
@@ -50,7 +47,7 @@ def current_owner() -> ProcessOwner:
     return ProcessOwner(
         pid=os.getpid(),
         host=socket.gethostname(),
-        started=psutil.Process().create_time(),
+        started=procs.own_start_stamp(),
         since=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
@@ -63,11 +60,7 @@ def owner_state(owner: ProcessOwner | None) -> OwnerState:
         return "gone"
     if owner.host != socket.gethostname():
         return "unknown"
-    try:
-        started = psutil.Process(owner.pid).create_time()
-    except psutil.Error:
-        return "gone"
-    return "alive" if abs(started - owner.started) < START_SLACK_S else "gone"
+    return "alive" if procs.same_process(owner.pid, owner.started) else "gone"
 
 
 @contextlib.contextmanager

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import psutil
 import pytest
 
 from autotuner.bundle import page
 from autotuner.bundle.promote import promote
 from autotuner.cli.main import main
+from autotuner.core import procs
 from autotuner.measure.kernels import aggregate
 from autotuner.records.owner import ProcessOwner, StudyLockFile
 from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
@@ -332,7 +332,7 @@ def test_a_study_a_live_tuner_holds_says_who_tunes_it(tmp_path: Path) -> None:
         owner = ProcessOwner(
             pid=tuner.pid,
             host=socket.gethostname(),
-            started=psutil.Process(tuner.pid).create_time(),
+            started=procs.start_stamp(tuner.pid) or 0.0,
             since="2026-01-01T00:00:00+00:00",
         )
         StudyLockFile(owner=owner, command="autotuner tune").write(study_dir / "tune.lock")

@@ -129,3 +129,90 @@ def test_tree_lists_live_descendants() -> None:
         procs.kill_group(p.pid, [], grace_s=2)
         p.wait(timeout=5)
     assert not psutil.pid_exists(p.pid) or psutil.Process(p.pid).status() == "zombie"
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def _move_the_wall_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
+    """What an adjustment of the system clock does to the boot time psutil reads."""
+    real = psutil._pslinux.boot_time
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real() + by_s)
+
+
+def test_a_process_keeps_its_start_stamp_when_the_wall_clock_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    child = _sleeper()
+    try:
+        stamp = procs.start_stamp(child.pid)
+        assert stamp is not None
+        wall = psutil.Process(child.pid).create_time()
+        _move_the_wall_clock(monkeypatch, 1.0)
+        # psutil's start time moves with the clock: compared with it, the live child looks gone
+        assert psutil.Process(child.pid).create_time() == pytest.approx(wall + 1.0)
+        assert procs.start_stamp(child.pid) == stamp
+        assert procs.same_process(child.pid, stamp)
+        assert not procs.same_process(child.pid, stamp - 1.0)  # another process, same pid
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert procs.start_stamp(child.pid) is None
+    assert not procs.same_process(child.pid, stamp)
+
+
+def test_a_zombie_is_not_the_process_it_was() -> None:
+    child = _sleeper()
+    stamp = procs.start_stamp(child.pid)
+    assert stamp is not None
+    child.kill()
+    # not reaped yet: the pid stays a zombie until wait()
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the killed child never became a zombie"
+        time.sleep(0.01)
+    assert procs.start_stamp(child.pid) is None and not procs.same_process(child.pid, stamp)
+    child.wait(timeout=10)
+
+
+def test_a_wall_clock_start_of_an_older_record_still_names_its_process() -> None:
+    child = _sleeper()
+    try:
+        wall = psutil.Process(child.pid).create_time()
+        assert procs.same_process(child.pid, wall)
+        assert not procs.same_process(child.pid, wall - 3600)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert not procs.same_process(child.pid, wall)
+
+
+def test_the_guard_keeps_a_live_owners_engine_when_the_wall_clock_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A CI machine's clock was corrected during a run: the guards of engines started by the
+    # test process saw it 'gone' and SIGTERMed live engines (one mid-start, one mid-profile).
+    from autotuner.core import guard
+
+    family = start_family()
+    checks = 0
+    real = procs.same_process
+
+    def counted(pid: int, stamp: float) -> bool:
+        nonlocal checks
+        checks += 1
+        alive = real(pid, stamp)
+        if checks == 3:  # three checks with the clock moved kept the family: end it now
+            procs.kill_group(family.pid, [], grace_s=5)
+        return alive
+
+    monkeypatch.setattr(procs, "same_process", counted)
+    _move_the_wall_clock(monkeypatch, 1.0)
+    try:
+        # 0: the family ended on its own (here: by the test), 1: the guard killed it
+        assert guard.watch(os.getpid(), procs.own_start_stamp(), family.pid, 0.01) == 0
+        assert checks == 3
+    finally:
+        procs.kill_group(family.pid, [], grace_s=2)
+        family.wait(timeout=5)

@@ -25,7 +25,7 @@ import yaml
 from optuna.trial import TrialState
 
 from autotuner.cli.main import main
-from autotuner.core import hardware
+from autotuner.core import hardware, procs
 from autotuner.core.hardware import CpuInfo, HardwareProfile
 from autotuner.engines import envs
 from autotuner.models.synth import ARCHS
@@ -316,8 +316,12 @@ def test_the_start_up_sweep_fails_only_trials_whose_owner_is_gone(tmp_path: Path
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         host = socket.gethostname()
-        started = psutil.Process(other.pid).create_time()
+        started = procs.start_stamp(other.pid)
+        assert started is not None
         live = _running_trial(study, ProcessOwner(pid=other.pid, host=host, started=started))
+        # an older tuner's record: the start as wall-clock time
+        wall = psutil.Process(other.pid).create_time()
+        live_old = _running_trial(study, ProcessOwner(pid=other.pid, host=host, started=wall))
         mine = _running_trial(study, current_owner())
         # the same pid, but another process that held it before (pids are reused)
         reused = ProcessOwner(pid=other.pid, host=host, started=started - 3600)
@@ -330,10 +334,10 @@ def test_the_start_up_sweep_fails_only_trials_whose_owner_is_gone(tmp_path: Path
         other.kill()
         other.wait(timeout=30)
     states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
-    assert states[live] == states[mine] == states[remote] == TrialState.RUNNING
+    assert states[live] == states[live_old] == states[mine] == states[remote] == TrialState.RUNNING
     assert any(f"trial {live} is running in pid {other.pid}" in s for s in said)
     assert any(f"trial {remote} is running in pid 1 on host {host}-other" in s for s in said)
-    assert fail_stale(study, said.append) == [live]  # its owner is gone now
+    assert fail_stale(study, said.append) == [live, live_old]  # their owner is gone now
 
 
 def test_an_interrupted_tune_leaves_no_trial_running_and_a_resume_elsewhere_measures_it(
