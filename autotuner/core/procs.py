@@ -88,11 +88,13 @@ def own_start_stamp() -> float:
     return stamp
 
 
-def start_guard(pgid: int) -> subprocess.Popen[bytes]:
-    """Start :mod:`autotuner.core.guard` to reap group ``pgid`` if this process dies first."""
+def start_guard(pgid: int, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start :mod:`autotuner.core.guard` to reap group ``pgid`` if this process dies first (and
+    say so in ``log``, the engine's)."""
     me, stamp = os.getpid(), own_start_stamp()
+    argv = [sys.executable, "-m", "autotuner.core.guard", str(me), repr(stamp), str(pgid)]
     return subprocess.Popen(
-        [sys.executable, "-m", "autotuner.core.guard", str(me), repr(stamp), str(pgid)],
+        [*argv, str(log)] if log is not None else argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,

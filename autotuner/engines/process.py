@@ -191,7 +191,7 @@ class ServerProcess:
                 start_new_session=True,
                 preexec_fn=procs.set_parent_death_signal,
             )
-        self._guard = procs.start_guard(self._proc.pid)
+        self._guard = procs.start_guard(self._proc.pid, self.log_path)
         base_url = f"http://127.0.0.1:{self.port}"
         try:
             await self._wait_healthy(base_url, started)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -89,17 +90,21 @@ def test_kill_group_logs_the_escalation(caplog: pytest.LogCaptureFixture) -> Non
     ]
 
 
-def test_guard_reaps_the_group_when_its_owner_is_killed() -> None:
+STOPPING = "stopping the engine's processes"
+
+
+def test_guard_reaps_the_group_when_its_owner_is_killed(tmp_path: Path) -> None:
     # The owner starts the family and a guard, then is killed with -9 (as a crashed tuner).
     owner_code = textwrap.dedent(
         f"""
         import subprocess, sys
         sys.path.insert(0, {os.getcwd()!r})
+        from pathlib import Path
         from autotuner.core import procs
         fam = subprocess.Popen([sys.executable, "-c", {FAMILY!r}],
                                stdout=subprocess.PIPE, text=True, start_new_session=True)
         fam.stdout.readline()
-        procs.start_guard(fam.pid)
+        procs.start_guard(fam.pid, Path({str(tmp_path / "engine.log")!r}))
         print(fam.pid, flush=True)
         import time; time.sleep(600)
         """
@@ -117,6 +122,8 @@ def test_guard_reaps_the_group_when_its_owner_is_killed() -> None:
     while procs.group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert procs.group_members(pgid) == []
+    said = (tmp_path / "engine.log").read_text()
+    assert said == f"# autotuner guard: the tuner (pid {owner.pid}) is gone: {STOPPING}\n"
 
 
 def test_tree_lists_live_descendants() -> None:
