@@ -45,8 +45,8 @@ def start_stamp(pid: int) -> float | None:
     From the kernel's start time in clock ticks, which never changes during the process's life.
     Not psutil's ``create_time()``: that adds the boot time as the wall clock gives it now, in
     whole seconds, so an adjustment of the clock moves it by a second or more while the process
-    runs (a CI machine whose clock was being corrected saw live tuners 'restart', and their
-    engine guards killed the engines mid-start). Without ``/proc``: the wall-clock time.
+    runs: a live tuner looks 'restarted', and its engines' guards kill them (the likely cause of
+    CI's engines killed mid-start and mid-profile). Without ``/proc``: the wall-clock time.
     """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

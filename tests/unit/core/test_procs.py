@@ -198,8 +198,8 @@ def test_a_wall_clock_start_of_an_older_record_still_names_its_process() -> None
 def test_the_guard_keeps_a_live_owners_engine_when_the_wall_clock_moves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A CI machine's clock was corrected during a run: the guards of engines started by the
-    # test process saw it 'gone' and SIGTERMed live engines (one mid-start, one mid-profile).
+    # With the start read through psutil, a moved clock made the owner look gone and its guard
+    # SIGTERMed live engines: the likely cause of CI's engines killed mid-start and mid-profile.
     from autotuner.core import guard
 
     family = start_family()
