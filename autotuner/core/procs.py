@@ -67,7 +67,10 @@ def start_stamp(pid: int) -> float | None:
 
 def same_process(pid: int, stamp: float) -> bool:
     """Whether ``pid`` is still the live process whose :func:`start_stamp` was ``stamp`` (pids
-    are reused). A wall-clock stamp of an older record is compared as it was, to the second."""
+    are reused). A wall-clock stamp of an older record is compared as it was, to the second.
+    Both come from record files too: a pid that names no process (0, negative) is no process."""
+    if pid <= 0:
+        return False
     if stamp > _EPOCH_STAMPS:
         try:
             proc = psutil.Process(pid)

@@ -223,3 +223,10 @@ def test_the_guard_keeps_a_live_owners_engine_when_the_wall_clock_moves(
     finally:
         procs.kill_group(family.pid, [], grace_s=2)
         family.wait(timeout=5)
+
+
+@pytest.mark.parametrize("pid", [-1, 0, 2**40])
+@pytest.mark.parametrize("stamp", [float("nan"), float("inf"), -1.0, 0.0, 1e12])
+def test_an_owner_read_from_a_hostile_record_is_no_process(pid: int, stamp: float) -> None:
+    assert procs.start_stamp(pid) is None
+    assert not procs.same_process(pid, stamp)
