@@ -37,6 +37,7 @@ def set_parent_death_signal() -> None:
 _EPOCH_STAMPS = 1e9
 _EPOCH_SLACK_S = 1.0  # create_time() is rounded differently across reads
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PROC = Path("/proc/self/stat").exists()
 
 
 def start_stamp(pid: int) -> float | None:
@@ -48,15 +49,13 @@ def start_stamp(pid: int) -> float | None:
     runs: a live tuner looks 'restarted', and its engines' guards kill them (the likely cause of
     CI's engines killed mid-start and mid-profile). Without ``/proc``: the wall-clock time.
     """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        if Path("/proc/self/stat").exists():
-            return None
+    if not _PROC:
         try:
             return psutil.Process(pid).create_time()
-        except psutil.Error:
+        except (psutil.Error, ValueError):  # ValueError: a pid below 1
             return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # the name, in parentheses, may hold spaces
