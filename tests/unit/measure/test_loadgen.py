@@ -98,13 +98,15 @@ def test_stream_cut_mid_way_is_incomplete() -> None:
 
 def test_open_loop_keeps_its_schedule_when_the_server_falls_behind() -> None:
     # One request at a time, each ~0.2 s, offered at 20 req/s: the server falls far behind,
-    # yet every request must still leave on schedule.
+    # yet the requests leave on schedule, not one per answer. A client that waited for each
+    # answer would send the last one after ~1.9 s, not at 0.45 s. The bound leaves room for a
+    # busy 2-core host stalling the client (0.26 s once, with the unit tests in 4 processes).
     cfg = StandinConfig(ttft_s=0.05, itl_s=0.02, max_concurrency=1)
     p = plan(arrival=Arrival("constant", rate=20.0), requests=10, out=8)
     result, server = run(cfg, p)
     sent = np.array([r.sent_s for r in result.records])
-    assert np.all(np.abs(sent - np.arange(10) / 20.0) < 0.05)
-    assert max(r.lag_s for r in result.records) < 0.05
+    assert np.all(np.abs(sent - np.arange(10) / 20.0) < 0.5)
+    assert max(r.lag_s for r in result.records) < 0.5
     # Queueing shows up as growing TTFT, not as a slower client.
     ttfts = [r.ttft_s for r in result.records]
     assert ttfts[-1] is not None and ttfts[0] is not None and ttfts[-1] > 5 * ttfts[0]
