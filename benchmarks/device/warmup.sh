@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The cold-engine benchmark (benchmarks/warmup.py) on the GPU machine, in one call.
 #
-#   bash benchmarks/device/warmup.sh SLA.yaml NAME LEVELS [NAME LEVELS ...]
+#   bash benchmarks/device/warmup.sh SLA.yaml NAME LEVELS [--set K=V ...] [NAME LEVELS ...]
 #
 # Each NAME LEVELS pair is one fresh engine (its own launch) with the load levels LEVELS
-# (rate:requests,...), run one after the other; the first launch on a fresh machine has cold
-# compile caches (~/.cache/vllm), later ones warm caches. Each launch's folder (requests.csv,
+# (rate:requests,...), run one after the other; `--set K=V` after a pair sets an engine
+# parameter for that launch only (a candidate's config beside the defaults). The first launch
+# on a fresh machine has cold compile caches (~/.cache/vllm), later ones warm caches. Each launch's folder (requests.csv,
 # windows.csv, summary.txt, result.json, engine.log) and its output go to $OUT/NAME.tar.gz as
 # soon as it ends, so a call stopped at its time limit still brings back the finished ones.
 # A launch starts only while less than SKIP_AFTER seconds (default 330) of the call have passed.
@@ -25,12 +26,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 while [ $# -ge 2 ]; do
     name=$1 levels=$2
     shift 2
+    sets=()
+    while [ "${1:-}" = --set ] && [ $# -ge 2 ]; do sets+=(--set "$2"); shift 2; done
     if [ "$SECONDS" -ge "${SKIP_AFTER:-330}" ]; then
         echo "skipping $name: $SECONDS s of the call have passed"
         continue
     fi
-    echo "=== $name: levels $levels (at $SECONDS s)"
-    python3 benchmarks/warmup.py "$sla" --levels "$levels" --out "/tmp/warmup/$name" 2>&1 \
+    echo "=== $name: levels $levels ${sets[*]} (at $SECONDS s)"
+    python3 benchmarks/warmup.py "$sla" --levels "$levels" "${sets[@]}" --out "/tmp/warmup/$name" 2>&1 \
         | tee "/tmp/warmup/$name.log"
     cp "/tmp/warmup/$name.log" "/tmp/warmup/$name/output.log" 2>/dev/null || true
     tar czf "$out/$name.tar.gz" -C /tmp/warmup "$name"
