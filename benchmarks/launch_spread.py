@@ -71,9 +71,9 @@ class Launch:
         return first.mean_tpot / later[-1].mean_tpot
 
 
-def _num(raw: str) -> float | None:
+def _num(raw: str | None) -> float | None:
     try:
-        value = float(raw)
+        value = float(raw or "")
     except ValueError:
         return None
     return value if np.isfinite(value) else None

@@ -82,3 +82,20 @@ def test_requests_part_cuts_each_level_in_send_order(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no requests in 100:200"):
         m.read_launch(folder, slice(100, 200))
     assert m.main(["--requests", "x", str(folder)]) == 2
+
+
+def test_short_and_odd_rows_are_read_without_a_crash(tmp_path: Path) -> None:
+    m = _script()
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "result.json").write_text('{"params": "not a dict", "startup_s": "soon"}')
+    header = "level,rate,index,sent_s,end_s,ttft_ms,tpot_ms,output_tokens,error"
+    (folder / "requests.csv").write_text(
+        f"{header}\n0,10\n0,10,1,0.1,1,50,nan,8,\n0,10,2,x,1,50,9,8,\n"
+    )
+    launch = m.read_launch(folder)
+    assert launch.config == "{}" and launch.start_s is None
+    assert launch.levels[0].tpot_ms == [9.0] and launch.levels[0].errors == 0
+    (folder / "requests.csv").write_text(f"{header}\nlevel-one,10\n")
+    with pytest.raises(ValueError, match="bad row"):
+        m.read_launch(folder)
