@@ -222,20 +222,21 @@ def decide(
         comparisons = {
             c: _over_search_miss(cmp, c, reps, searched) for c, cmp in comparisons.items()
         }
-    open_base = [r.replicate + 1 for r in reps if r.config == "baseline" and _open(r)]
-    if open_base:
-        # The baseline's capacity is only a floor there: a candidate's lead over it could be
-        # the baseline's unmeasured headroom, so no "better" by capacity rests on it.
-        why = (
-            f"the baseline's capacity was only bounded below in replicate "
-            f"{', '.join(map(str, open_base))} (no level above it missed)"
-        )
-        comparisons = {
-            c: replace(cmp, verdict="not_enough_data", reason=f"{cmp.reason}; but {why}")
-            if cmp.verdict == "better" and cmp.basis == "capacity"
-            else cmp
-            for c, cmp in comparisons.items()
-        }
+    open_base = {r.replicate for r in reps if r.config == "baseline" and _open(r)}
+    for c, cmp in comparisons.items():
+        # Where the baseline's capacity is only a floor, a candidate's lead over it could be
+        # the baseline's unmeasured headroom, so no "better" by capacity rests on it; a floor
+        # whose pair lacks the candidate's capacity is not in the comparison and cannot veto.
+        theirs = _paired(reps, c, n)
+        floors = sorted(i + 1 for i in open_base if theirs[i] is not None)
+        if floors and cmp.verdict == "better" and cmp.basis == "capacity":
+            why = (
+                f"the baseline's capacity was only bounded below in replicate "
+                f"{', '.join(map(str, floors))} (no level above it missed)"
+            )
+            comparisons[c] = replace(
+                cmp, verdict="not_enough_data", reason=f"{cmp.reason}; but {why}"
+            )
     stats = config_stats(reps)
     shown = {c: cmp.to_dict() for c, cmp in comparisons.items()}
     better = [(c, cmp) for c, cmp in comparisons.items() if cmp.verdict == "better"]

@@ -190,6 +190,20 @@ def test_a_baseline_bounded_only_below_cannot_be_beaten() -> None:
     assert d.promoted == "trial-3"
 
 
+def test_a_floor_whose_pair_has_no_candidate_capacity_does_not_veto() -> None:
+    # The CPU quick start, 2026-12-04: the baseline's replicate 2 ended open at 17.1, the
+    # candidate's replicate 2 measured nothing; pairs 1 and 3 alone hold +455 %.
+    base = reps("baseline", [15.2, 17.1, 15.2])
+    base[1] = Replicate("baseline", 1, 17.1, 17.1, None, "budget", 17.1, True, {}, "")
+    d = decide(base + reps("trial-1", [86.9, None, 81.9]), ["trial-1"], min_effect=0.05)
+    assert d.promoted == "trial-1" and d.verdict == "better"
+    assert "bounded below" not in d.reason
+    # With the candidate measured in that replicate, the floor is in the comparison: it vetoes.
+    d = decide(base + reps("trial-1", [86.9, 84.0, 81.9]), ["trial-1"], min_effect=0.05)
+    assert d.promoted == "baseline" and d.verdict == "not_enough_data"
+    assert "only bounded below in replicate 2" in d.reason
+
+
 # ------------------------------------------------------------------ the SLA first (issue 27)
 
 UNDECIDED = (
