@@ -74,6 +74,9 @@ class Replicate:
     note: str | None = None
     margins: dict[str, float | None] = field(default_factory=dict)
     verdicts: dict[str, str] = field(default_factory=dict)
+    # Every level above its capacity met every limit and was left undecided only because the
+    # load generator fell behind: the ceiling is the client's, so the capacity is a floor.
+    paced_out: bool = False
 
     @property
     def missed(self) -> bool:
@@ -222,7 +225,8 @@ def decide(
         comparisons = {
             c: _over_search_miss(cmp, c, reps, searched) for c, cmp in comparisons.items()
         }
-    open_base = {r.replicate for r in reps if r.config == "baseline" and _open(r)}
+    reps_of_base = {r.replicate: r for r in reps if r.config == "baseline"}
+    open_base = {i for i, r in reps_of_base.items() if _open(r)}
     for c, cmp in comparisons.items():
         # Where the baseline's capacity is only a floor, a candidate's lead over it could be
         # the baseline's unmeasured headroom, so no "better" by capacity rests on it; a floor
@@ -230,9 +234,12 @@ def decide(
         theirs = _paired(reps, c, n)
         floors = sorted(i + 1 for i in open_base if theirs[i] is not None)
         if floors and cmp.verdict == "better" and cmp.basis == "capacity":
+            paced = [i for i in floors if reps_of_base[i - 1].paced_out]
             why = (
                 f"the baseline's capacity was only bounded below in replicate "
-                f"{', '.join(map(str, floors))} (no level above it missed)"
+                f"{', '.join(map(str, floors))} (no level above it missed the SLA"
+                + ("; the load generator fell behind there" if paced else "")
+                + ")"
             )
             comparisons[c] = replace(
                 cmp, verdict="not_enough_data", reason=f"{cmp.reason}; but {why}"
@@ -357,8 +364,9 @@ def best_measured(
 
 def _open(r: Replicate) -> bool:
     """A replicate whose capacity is a lower bound only: it met the SLA and nothing above
-    its highest meeting level missed (the level budget or the rate cap ended its search)."""
-    return r.capacity is not None and r.capacity > 0 and r.high is None
+    its highest meeting level missed (the level budget or the rate cap ended its search, or
+    the load generator fell behind at every level above it)."""
+    return r.capacity is not None and r.capacity > 0 and (r.high is None or r.paced_out)
 
 
 def _rank(cmp: CapacityComparison, stats: Mapping[str, Any]) -> tuple[float, float]:

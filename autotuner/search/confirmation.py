@@ -33,7 +33,7 @@ from autotuner.search.confirm_plan import ConfirmPlan
 from autotuner.search.launched import StudyView, candidates, search_capacity, trial_file
 from autotuner.search.pareto import Candidate
 from autotuner.search.study import fresh_from, raced_out
-from autotuner.search.trial import CRASHED, TrialResult
+from autotuner.search.trial import CRASHED, Level, TrialResult
 from autotuner.sla.load import load_unit, sla_load
 from autotuner.sla.spec import Sla
 
@@ -294,4 +294,17 @@ def _replicate(name: str, r: int, res: TrialResult, run_dir: str, roles: OptionR
         note=note,
         margins=margins,
         verdicts=dict(verdicts),
+        paced_out=cap is not None and cap.value > 0 and paced_out_above(res.levels, cap.value),
+    )
+
+
+def paced_out_above(levels: Sequence[Level], capacity: float) -> bool:
+    """Whether every level above ``capacity`` met every limit and was undecided only because
+    the load generator fell behind (on a CPU target it shares the engine's cores)."""
+    above = [lv for lv in levels if lv.load > capacity]
+    return bool(above) and all(
+        lv.generator_behind is True
+        and bool(lv.verdicts)
+        and all(v == "meets" for v in lv.verdicts.values())
+        for lv in above
     )

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from autotuner.measure.quantile import Outcome
 from autotuner.search.confirm import (
     NOTHING_MET,
     Replicate,
@@ -202,6 +203,45 @@ def test_a_floor_whose_pair_has_no_candidate_capacity_does_not_veto() -> None:
     d = decide(base + reps("trial-1", [86.9, 84.0, 81.9]), ["trial-1"], min_effect=0.05)
     assert d.promoted == "baseline" and d.verdict == "not_enough_data"
     assert "only bounded below in replicate 2" in d.reason
+
+
+def test_a_baseline_capped_only_by_its_load_generator_cannot_be_beaten() -> None:
+    # The CPU quick start, 2026-12-04, on 2 cores shared with the client: every baseline level
+    # above ~15 req/s met every limit but the load generator fell behind (undecided), while the
+    # candidate's levels kept their pace up to 253 req/s. The baseline's ceiling is the
+    # client's: "+1531 %" would compare pacing, not engines.
+    base = [
+        Replicate("baseline", i, c, c, c * 1.5, "resolution", c, True, {}, "", paced_out=True)
+        for i, c in enumerate([14.7, 14.3, 17.6])
+    ]
+    d = decide(base + reps("trial-2", [253.0, 253.0, 253.0]), ["trial-2"], min_effect=0.05)
+    assert d.promoted == "baseline" and d.verdict == "not_enough_data"
+    assert "only bounded below in replicate 1, 2, 3" in d.reason
+    assert "the load generator fell behind there" in d.reason
+    # The same brackets closed by levels that missed or came close: the win stands.
+    closed = [dataclasses.replace(r, paced_out=False) for r in base]
+    d = decide(closed + reps("trial-2", [253.0, 253.0, 253.0]), ["trial-2"], min_effect=0.05)
+    assert d.promoted == "trial-2" and d.verdict == "better"
+
+
+def test_paced_out_means_every_level_above_met_its_limits_with_the_client_behind() -> None:
+    from autotuner.search.confirmation import paced_out_above
+    from autotuner.search.trial import Level
+
+    def level(load: float, verdicts: dict[str, Outcome], behind: bool) -> Level:
+        met = set(verdicts.values()) == {"meets"} and not behind
+        return Level(
+            load, met, {}, {}, {}, {}, "", verdict="meets" if met else "undecided",
+            verdicts=verdicts, generator_behind=behind,
+        )  # fmt: skip
+
+    ok: dict[str, Outcome] = {"p90_ttft_ms": "meets", "p90_tpot_ms": "meets"}
+    close: dict[str, Outcome] = {"p90_ttft_ms": "undecided", "p90_tpot_ms": "meets"}
+    met = level(15.2, ok, False)
+    assert paced_out_above([met, level(22.8, ok, True)], 15.2)
+    assert not paced_out_above([met, level(22.8, close, True)], 15.2)  # a limit it may miss
+    assert not paced_out_above([met, level(22.8, ok, True), level(19, close, False)], 15.2)
+    assert not paced_out_above([met], 15.2)  # nothing above: not this kind of floor
 
 
 # ------------------------------------------------------------------ the SLA first (issue 27)
