@@ -44,6 +44,8 @@ def test_tune_whose_real_engine_refuses_to_start_is_an_engine_failure(
         params={"gpu_memory_utilization": 0.99},  # more than a busy 2-core host has free
         tune={"trials": 1, "max_levels": 1},
     )
+    # An explicit KV-cache size would let the engine skip the share's check: ask by share only.
+    del sla["engine"]["params"]["kv_cache_memory_bytes"]
     path = tmp_path / "sla.yaml"
     path.write_text(yaml.safe_dump(sla, sort_keys=False))
     out = tmp_path / "outcome.json"
