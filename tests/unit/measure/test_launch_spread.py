@@ -3,25 +3,18 @@ engine's first level told from its later one, and one config's TPOT over another
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "launch_spread.py"
+from tests.unit.measure.scripts import load_script
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("launch_spread", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("launch_spread")
 
 
 def _launch(folder: Path, params: Mapping[str, object], tpot: float, first: float = 1.0) -> Path:

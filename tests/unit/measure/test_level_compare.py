@@ -3,26 +3,18 @@ request, and where within the level a slower launch is slower."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from autotuner.measure.loadgen import LoadResult, RequestRecord
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "level_compare.py"
+from tests.unit.measure.scripts import load_script
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("level_compare", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("level_compare")
 
 
 def _level(path: Path, tpot_s: float, cold: float = 1.0, shift_s: float = 0.0) -> Path:
