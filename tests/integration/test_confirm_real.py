@@ -5,19 +5,17 @@ capacities. Then the SLA asks for a third replicate: the finished confirmation i
 the unit tests (tests/unit/bundle/test_promote.py) and a real interrupted search's by
 test_tune_real.py: here it cost two more engine launches.
 
-The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``): one request of 128 output
-tokens at a time. At the SLA's own 2 req/s that is more work than one slot serves on most CPUs
-this runs on (1.2-3 s per request), so its queue and its TTFT grow, while the 32-slot
-candidate holds a few requests in flight there and answers its first token in a prefill (a
-p50 limit of 1 s leaves it room on a host slowed several times over by other work). So the
-candidate is confirmed whatever the host: the baseline missed at its own load, or (a fast
-host, where one slot keeps up) the candidate leads by far more than the resolution. On the
-fastest host seen (2 AMX cores: ~3 ms per token) one slot of 64 tokens served 4.5 req/s, as
-much as 32 slots before the load generator, sharing the cores, fell behind at 6.75: no lead,
-no confirmation; 128 tokens hold one slot under ~2.5 req/s there. Which
-verdict the replicates reach is up to the machine; the test checks that it is the one their
-capacities give. Levels of 16 requests at 2 req/s and up take seconds each: the launches'
-engine starts are most of the test's time.
+The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``) and the load is closed
+loop, 8 requests in flight: one slot serves them one after the other, so a request waits for
+the ~7 before it and the median TTFT is several whole requests (128 output tokens each: about
+3 s on 2 fast cores, more on slower ones), far over the p50 limit of 1 s on any host. The
+32-slot candidate answers a first token within a step or two. The load sets the ratio, not the
+host's speed: the baseline misses at its own load everywhere and the candidate is confirmed on
+the SLA, or (were one slot ever to keep up) on capacity. An open-loop rate did not hold: on 2
+AMX cores one slot of 64 tokens served 4.5 req/s, and at 128 tokens the two configs' TTFT at
+3-4.5 req/s overlapped in one run, so nothing led and no confirmation ran. Which verdict the
+replicates reach is up to the machine; the test checks that it is the one their capacities
+give. The launches' engine starts are most of the test's time.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ def _sla(tmp_path: Path, replicates: int) -> Path:
     workload = {
         "input_tokens": 64,
         "output_tokens": 128,  # decode-bound: one sequence at a time saturates early
-        "arrival": {"process": "poisson", "rate": 2.0},
+        "arrival": {"process": "concurrency", "concurrency": 8},
         "requests": 16,
         "seed": 4,
     }
