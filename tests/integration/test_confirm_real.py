@@ -8,8 +8,9 @@ test_tune_real.py: here it cost two more engine launches.
 The baseline is pinned to ``max_num_seqs: 1`` (``search.baseline``) and the load is closed
 loop, 8 requests in flight: one slot serves them one after the other, so a request waits for
 the ~7 before it and the median TTFT is several whole requests (128 output tokens each: about
-3 s on 2 fast cores, more on slower ones), far over the p50 limit of 1 s on any host. The
-32-slot candidate answers a first token within a step or two. The load sets the ratio, not the
+3 s on 2 fast cores, more on slower ones), over the p50 limit of 2 s on any host. The
+32-slot candidate answers a first token within a step or two (once, in CI, its p50 was 1.75 s
+there: a limit of 1 s failed it too). The load sets the ratio, not the
 host's speed: the baseline misses at its own load everywhere and the candidate is confirmed on
 the SLA, or (were one slot ever to keep up) on capacity. An open-loop rate did not hold: on 2
 AMX cores one slot of 64 tokens served 4.5 req/s, and at 128 tokens the two configs' TTFT at
@@ -47,7 +48,7 @@ def _sla(tmp_path: Path, replicates: int) -> Path:
     sla = cpu_sla(
         NAME,
         workload,
-        constraints={"p50_ttft_ms": 1000},  # a median needs few requests per level
+        constraints={"p50_ttft_ms": 2000},  # a median needs few requests per level
         objectives=[{"maximize": "capacity"}],
         search={"params": {"max_num_seqs": {"values": [1, 32]}}, "baseline": {"max_num_seqs": 1}},
         tune={
