@@ -13,15 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from autotuner.core.errors import BadInput
-from autotuner.core.hardware import HardwareProfile
+from autotuner.core.hardware import GIB, HardwareProfile
 from autotuner.engines.base import EngineAdapter
 from autotuner.models import synth
 from autotuner.models.folder import read_config
 from autotuner.records.doctor import Finding
 from autotuner.sla.spec import Sla
 from autotuner.space import SearchSpace
-
-GIB = 1024**3
 
 
 def baseline_fit(
