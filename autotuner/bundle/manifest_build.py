@@ -85,7 +85,9 @@ def build_manifest(
         pareto_front=[c.trial for c in ranked],
         provenance=_provenance(ctx),
         decisions=_decisions(ctx.study),
-        gpu_minutes=accounting.account(ctx.study, ctx.study_dir, [r.run_dir for r in reps]),
+        gpu_minutes=accounting.account(
+            ctx.study, ctx.study_dir, [r.run_dir for r in reps if r.launched]
+        ),
     )
 
 

@@ -54,6 +54,8 @@ from autotuner.search.capacity_compare import CapacityComparison, compare_capaci
 if TYPE_CHECKING:
     from autotuner.sla.spec import Sla
 
+FIXED_MISS = "fixed_miss"  # a replicate's stopped_by when it is known without a launch
+
 
 @dataclass(frozen=True)
 class Replicate:
@@ -82,6 +84,11 @@ class Replicate:
     def missed(self) -> bool:
         """Measured, and did not meet the SLA at its own load."""
         return self.capacity is not None and self.capacity <= 0
+
+    @property
+    def launched(self) -> bool:
+        """An engine was started for it (not a replicate known without one: :func:`known_zero`)."""
+        return self.stopped_by != FIXED_MISS
 
 
 @dataclass(frozen=True)
@@ -442,7 +449,7 @@ def known_zero(config: str, replicates: int, where: str) -> list[Replicate]:
     """Replicates of a config known to have capacity 0 without a launch (``where``: the run
     that showed it)."""
     return [
-        Replicate(config, r, 0.0, 0.0, None, "fixed_miss", None, False, {}, where)
+        Replicate(config, r, 0.0, 0.0, None, FIXED_MISS, None, False, {}, where)
         for r in range(replicates)
     ]
 

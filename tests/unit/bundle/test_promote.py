@@ -27,7 +27,14 @@ from autotuner.engines import registry
 from autotuner.records.manifest import Manifest
 from autotuner.records.trial import CapacityRecord
 from autotuner.search.launched import candidates
-from autotuner.search.study import Budget, StudyRunner, make_sampler, open_study, storage_url
+from autotuner.search.study import (
+    Budget,
+    StudyRunner,
+    counted,
+    make_sampler,
+    open_study,
+    storage_url,
+)
 from autotuner.search.trial import Level, TrialResult
 from autotuner.sla.spec import parse_sla
 from autotuner.space import ParamSpec, SearchSpace
@@ -443,6 +450,10 @@ def test_a_baseline_that_missed_only_memory_is_not_launched_again(tmp_path: Path
     decision = manifest["decision"]
     assert decision["promoted"] == "trial-4" and decision["confirmed"]
     assert decision["verdict"] == "better"
+    # The GPU account counts the launches made, not the baseline's replicates known without one
+    # (their shared "trial-0 (search)" once read as one more, untimed launch).
+    searched = sum(counted(t) for t in ctx.study.get_trials(deepcopy=False))
+    assert manifest["gpu_minutes"]["launches"] == searched + len(sc.confirm_calls)
 
 
 class _Cut(Exception):
