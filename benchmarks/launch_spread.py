@@ -86,7 +86,7 @@ def read_launch(folder: Path, part: slice = slice(None)) -> Launch:
         meta = json.loads((folder / "result.json").read_text(encoding="utf-8"))
         with (folder / "requests.csv").open(encoding="utf-8", newline="") as f:
             rows = list(csv.DictReader(f))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, csv.Error) as exc:  # ValueError: bad JSON or not UTF-8
         raise ValueError(f"{folder}: {exc}") from exc
     if not isinstance(meta, dict):
         raise ValueError(f"{folder}/result.json: not an object")
@@ -165,9 +165,9 @@ def render(launches: Sequence[Launch]) -> str:
             )
     for c in configs[1:]:
         pairs = [
-            f"level {i}: {means[(c, i)] / means[(configs[0], i)]:.3f}"
+            f"level {i}: {means[(c, i)] / base:.3f}"
             for i in range(len(launches[0].levels))
-            if (c, i) in means and (configs[0], i) in means
+            if (c, i) in means and (base := means.get((configs[0], i), 0.0)) > 0
         ]
         out.append(f"{label[c]} / {label[configs[0]]} mean TPOT: " + ", ".join(pairs))
     return "\n".join(out)

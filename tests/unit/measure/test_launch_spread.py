@@ -92,3 +92,23 @@ def test_short_and_odd_rows_are_read_without_a_crash(tmp_path: Path) -> None:
     (folder / "requests.csv").write_text(f"{header}\nlevel-one,10\n")
     with pytest.raises(ValueError, match="bad row"):
         m.read_launch(folder)
+
+
+def test_bytes_that_are_not_utf8_name_the_folder_and_a_zero_tpot_divides_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = _script()
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    (binary / "result.json").write_text('{"params": {}}')
+    (binary / "requests.csv").write_bytes(b"level,rate\n\xff\xfe,1\n")
+    assert m.main([str(binary)]) == 2
+    assert f"{binary}: 'utf-8' codec" in capsys.readouterr().err
+    header = "level,rate,index,sent_s,end_s,ttft_ms,tpot_ms,output_tokens,error"
+    zero, other = tmp_path / "zero", tmp_path / "other"
+    for folder, tpot, params in ((zero, 0, {}), (other, 5, {"max_num_seqs": 8})):
+        folder.mkdir()
+        (folder / "result.json").write_text(json.dumps({"params": params}))
+        (folder / "requests.csv").write_text(f"{header}\n0,10,1,0.1,1,50,{tpot},8,\n")
+    assert m.main([str(zero), str(other)]) == 0  # no ratio over a mean TPOT of 0
+    assert capsys.readouterr().out.splitlines()[-1] == "B / A mean TPOT: "
