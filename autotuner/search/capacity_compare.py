@@ -288,9 +288,10 @@ def two_pair_warning(replicates: int, confidence: float, resolution: float) -> s
     example = math.expm1(agree * math.log(1.3))
     return (
         f"tune.confirm.replicates 2: the {confidence:.0%} interval of 2 replicate pairs has 1 "
-        f"degree of freedom (Student t {t1:.1f}), so a candidate is confirmed only if its two "
-        f"capacity ratios to the baseline agree within {agree:.0%} of the effect (a +30% "
-        f"effect: within {example:.1%} of each other) and the effect exceeds {floor:.0%}; "
+        f"degree of freedom (Student t {t1:.1f}), so a candidate is confirmed on capacity only "
+        f"if its two capacity ratios to the baseline agree within {agree:.0%} of the effect (a "
+        f"+30% effect: within {example:.1%} of each other) and the effect exceeds {floor:.0%} "
+        "(a win on the SLA, over a baseline that misses it, needs no interval); "
         f"3 replicates (t {t2:.1f}) decide far more; raising the count later extends a "
         "finished confirmation"
     )
