@@ -14,11 +14,11 @@ enough for one slot to meet the limit at 16, it misses at 24 while the candidate
 50: the candidate is then confirmed on capacity instead of on the SLA.
 
 Why 16 in flight and 4 s: the 2-core development host stalls. While a CPU engine serves, a
-sleeping probe (benchmarks/host_stalls.py) is woken up to 4.8 s late, 22 s in 110, with or
-without the tuner's monitor, and a stalled stream delivers all its tokens at once (TTFT =
-end-to-end time). At 8 in flight a stalled round of the candidate read p50 TTFT up to 2.9 s and the
-baseline 2.5 s, so a 2 s limit flipped both ways (two CI runs). Stalls only lengthen the
-baseline's queue; the candidate's worst stalled round at 16 in flight read 0.8 s. An open-loop
+sleeping probe (benchmarks/host_stalls.py) is woken up to 4.8 s late, 22 s in 110, and a
+stalled stream delivers all its tokens at once (TTFT = end-to-end time). At 8 in flight a
+stalled round of the candidate read p50 TTFT up to 2.9 s and the baseline 2.5 s, so a 2 s
+limit flipped both ways (two CI runs). Stalls only lengthen the baseline's queue; the
+candidate's worst stalled round at 16 in flight read 0.8 s. An open-loop
 rate did not hold either: one slot kept up with 4.5 req/s of 64 tokens on 2 AMX cores. Which
 verdict the replicates reach is up to the machine; the test checks that it is the one their
 capacities give. The launches' engine starts are most of the test's time.
