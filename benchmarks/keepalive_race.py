@@ -39,7 +39,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from autotuner.measure.loadgen import KEEPALIVE_S, client_session
+from autotuner.measure.loadgen import client_session
 
 
 def serve(port: int, keepalive: float, busy_ms: float) -> None:
@@ -152,7 +152,7 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, dict[str, int]]:
         "aiohttp default (keepalive 15 s)": lambda: aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0)
         ),
-        f"load generator (keepalive {KEEPALIVE_S:g} s)": client_session,
+        "load generator (a connection per request)": client_session,
     }
     results: dict[str, dict[str, int]] = {}
     try:

@@ -37,20 +37,21 @@ from autotuner.workload.requests import Api, Arrival, RequestFactory, RequestSpe
 # Warm-up requests use their own prompts, so they cannot seed the prefix cache for the run.
 _WARMUP_INDEX_BASE = 10_000_000
 
-# Seconds a pooled connection may sit idle and still carry a request. It must stay below the
-# server's own keep-alive (vLLM's and uvicorn's default: 5 s). With aiohttp's default, 15 s (and
-# aiohttp 3.14 reusing the longest-idle connection first), a request could be written on a
-# connection the server was closing at that moment: on a busy server, "Connection reset by
-# peer" or "Server disconnected", counted against the SLA. On the H200 two requests of a level
-# failed so, 4.2 s into it, on connections the warm-up had left idle
-# (benchmarks/keepalive_race.py reproduces it).
-KEEPALIVE_S = 2.0
+# Every request opens its own connection (``force_close``): none is ever reused. A pooled
+# connection can be written to just as the server's keep-alive (vLLM's and uvicorn's default:
+# 5 s) closes it, and the request fails ("Connection reset by peer", "Server disconnected"),
+# counted against the SLA. On the H200 two requests of a level failed so, 4.2 s into it, on
+# connections the warm-up had left idle (benchmarks/keepalive_race.py reproduces it). Dropping
+# connections idle for 2 s was not enough on a 2-core host that stops processes for up to
+# 4.8 s (benchmarks/host_stalls.py): requests still failed so on it, in a closed loop and
+# between a level's runs. A connection to the engine on 127.0.0.1 costs well under a
+# millisecond, which TTFT then includes.
 
 
 def client_session() -> aiohttp.ClientSession:
     """The load generator's HTTP session: no connection limit (an open loop never waits for a
-    free connection), idle connections dropped after :data:`KEEPALIVE_S`."""
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_S)
+    free connection), a new connection per request."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True)
     return aiohttp.ClientSession(connector=connector)
 
 

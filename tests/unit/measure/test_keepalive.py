@@ -1,4 +1,5 @@
-"""The load generator drops pooled connections before the server's keep-alive closes them.
+"""The load generator never reuses a connection, so none is written to as the server's
+keep-alive closes it.
 
 A connection reused just as the server closes it fails the request ("Connection reset by peer");
 benchmarks/keepalive_race.py reproduces that with aiohttp's default connector.
@@ -12,24 +13,13 @@ import pytest
 from aiohttp import web
 
 from autotuner.measure import loadgen
-from autotuner.measure.loadgen import KEEPALIVE_S, LoadResult, run_load
+from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.testing.standin import StandinConfig, StandinServer
 
 from .test_loadgen import plan
 
-# vLLM's API server (and uvicorn's default) closes a connection idle for 5 s.
-SERVER_KEEPALIVE_S = 5.0
 
-
-def test_idle_connections_are_dropped_well_before_the_servers_keepalive() -> None:
-    # Loop lag on a busy client and the server's timer granularity need a margin.
-    assert 0 < KEEPALIVE_S <= SERVER_KEEPALIVE_S / 2
-
-
-def test_a_connection_idle_longer_than_the_keepalive_is_not_reused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(loadgen, "KEEPALIVE_S", 0.2)
+def test_every_request_has_its_own_connection() -> None:
     ports: list[int] = []
 
     async def answer(request: web.Request) -> web.Response:
@@ -41,7 +31,7 @@ def test_a_connection_idle_longer_than_the_keepalive_is_not_reused(
     async def go() -> None:
         app = web.Application()
         app.router.add_get("/", answer)
-        runner = web.AppRunner(app, keepalive_timeout=60)
+        runner = web.AppRunner(app, keepalive_timeout=60)  # the server would keep them
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -54,15 +44,13 @@ def test_a_connection_idle_longer_than_the_keepalive_is_not_reused(
                         await r.read()
 
                 await get()
-                await get()  # at once: the pooled connection carries it
-                await asyncio.sleep(0.5)  # the idle time under test, > 0.2 s
-                await get()
+                await get()  # at once: a pool would have carried it on the first connection
+                await asyncio.gather(get(), get(), get())
         finally:
             await runner.cleanup()
 
     asyncio.run(go())
-    assert ports[0] == ports[1], "a fresh idle connection should be reused"
-    assert ports[2] != ports[1], "a connection idle past the keep-alive was reused"
+    assert len(ports) == 5 and len(set(ports)) == 5, ports
 
 
 def test_run_load_sends_through_the_load_generators_session(
