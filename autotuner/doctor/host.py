@@ -120,8 +120,8 @@ def cpu_findings(
     share of RAM)."""
     out = []
     if device == "cpu":
-        need = 2  # the CPU engine keeps a core for its server and runs the model on the rest
-        what = "one for the API server, the rest for the model's threads"
+        need = 2  # the load generator keeps a core; the engine runs on the rest
+        what = "one the load generator keeps, the rest for the engine"
     else:
         need = ranks + 2  # a worker per GPU, the engine core and the API server
         what = f"a worker per GPU ({ranks}), the engine core and the API server"

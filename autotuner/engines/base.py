@@ -96,7 +96,8 @@ class LaunchSpec:
 
     ``params`` are engine options in snake_case, ``extra_args`` literal command-line words
     (the SLA's ``engine.args``), ``env`` variables added to the child's environment.
-    ``cuda_devices`` None: no GPU is visible to the engine (a CPU run).
+    ``cuda_devices`` None: no GPU is visible to the engine (a CPU run). ``cpus``: the CPU
+    cores every engine process may run on (:mod:`autotuner.engines.cores`); None: the tuner's.
     """
 
     python: Path
@@ -108,6 +109,7 @@ class LaunchSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cuda_devices: tuple[str, ...] | None = None
     startup_timeout_s: float = 900.0
+    cpus: tuple[int, ...] | None = None
 
 
 class EngineProcess(Protocol):

@@ -15,7 +15,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -93,6 +94,14 @@ def tail(path: Path, lines: int = 40, *, max_bytes: int = 64 * 1024) -> str:
     return "\n".join(log_text(line) for line in kept)
 
 
+def _in_child(cpus: tuple[int, ...] | None) -> None:
+    """Run in the server's process before it starts: the parent-death signal, and its CPU
+    cores (inherited by every process it starts)."""
+    procs.set_parent_death_signal()
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+
+
 class ServerProcess:
     """One server process on a free loopback port; see the module docstring."""
 
@@ -106,9 +115,11 @@ class ServerProcess:
         cuda_devices: list[str] | None,
         log_path: Path,
         startup_timeout_s: float,
+        cpus: Sequence[int] | None = None,
     ) -> None:
         self.served_name = served_name
         self.cuda_devices = cuda_devices
+        self.cpus = None if cpus is None else tuple(cpus)
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.port = free_port()
@@ -181,6 +192,9 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             self._log_from = log.tell()  # where this attempt's output starts
             log.write(f"# autotuner launch: {json.dumps(argv)}\n".encode())
+            if self.cpus is not None:
+                cores = ",".join(map(str, self.cpus))
+                log.write(f"# autotuner: the engine runs on CPU cores {cores}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
                 argv,
@@ -189,7 +203,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.child_env(),
                 start_new_session=True,
-                preexec_fn=procs.set_parent_death_signal,
+                preexec_fn=partial(_in_child, self.cpus),
             )
         self._guard = procs.start_guard(self._proc.pid, self.log_path)
         base_url = f"http://127.0.0.1:{self.port}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,18 +85,14 @@ class ReplicaSet:
         return None
 
 
-def usable_cpus() -> list[int]:
-    """The CPU cores this process may run on (its affinity), in order."""
-    return sorted(os.sched_getaffinity(0))
-
-
 def replica_specs(
     spec: LaunchSpec, layout: Layout, cpu_bind_env: str | None, cpus: Sequence[int]
 ) -> list[LaunchSpec]:
     """One launch per replica of ``layout``: its own log (``engine.log``, ``engine-r1.log``,
     ...) and its own devices: a slice of the leased GPUs, or on a CPU target a slice of the
-    cores (through ``cpu_bind_env``, unless the SLA's environment sets that variable).
-    Raises ValueError when the devices or cores do not go round."""
+    cores (through ``cpu_bind_env``, unless the SLA's environment sets that variable; and
+    as its processes' cores where ``spec.cpus`` places the engine). Raises ValueError when
+    the devices or cores do not go round."""
     n = layout.replicas
     gpu_slices = None if spec.cuda_devices is None else layout.slices(spec.cuda_devices)
     core_slices: list[list[int]] | None = None
@@ -120,7 +115,12 @@ def replica_specs(
                 ",".join(map(str, part)) for part in _split(core_slices[i], ranks)
             )
         devices = None if gpu_slices is None else tuple(gpu_slices[i])
-        out.append(dataclasses.replace(spec, log_path=log, env=env, cuda_devices=devices))
+        cores = spec.cpus
+        if cores is not None and core_slices is not None:
+            cores = tuple(core_slices[i])
+        out.append(
+            dataclasses.replace(spec, log_path=log, env=env, cuda_devices=devices, cpus=cores)
+        )
     return out
 
 

@@ -9,6 +9,7 @@ up by its kind.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -16,8 +17,9 @@ from pathlib import Path
 from autotuner.core import confined
 from autotuner.core.types import ParamValue
 from autotuner.engines.base import EngineAdapter, EngineProcess, LaunchSpec
+from autotuner.engines.cores import share_cores, usable_cpus
 from autotuner.engines.layout import Layout, Mode, resolve_mode
-from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs, usable_cpus
+from autotuner.engines.replicas import ReplicaSet, rank_binding, replica_specs
 from autotuner.models import synth
 from autotuner.sla.spec import Sla
 
@@ -108,11 +110,14 @@ def make_engine(
         cuda_devices=None if cuda_devices is None else tuple(cuda_devices),
         startup_timeout_s=sla.engine.startup_timeout_s,
     )
+    cpus = usable_cpus()
+    bind = engine.cpu_bind_env
+    if spec.cuda_devices is None and not (bind and bind in spec.env):
+        # A CPU target: the load generator keeps a core of its own where one can be spared.
+        cpus = list(share_cores(cpus, layout.devices).engine)
+        spec = dataclasses.replace(spec, cpus=tuple(cpus))
     if layout.replicas == 1:
-        return engine.process(rank_binding(spec, layout, engine.cpu_bind_env, usable_cpus()))
+        return engine.process(rank_binding(spec, layout, bind, cpus))
     return ReplicaSet(
-        [
-            engine.process(replica)
-            for replica in replica_specs(spec, layout, engine.cpu_bind_env, usable_cpus())
-        ]
+        [engine.process(replica) for replica in replica_specs(spec, layout, bind, cpus)]
     )

@@ -1,5 +1,5 @@
 """Racing on the real CPU vLLM: a capacity-first study of the engine defaults and one clearly
-worse candidate (``max_num_seqs`` 1: one request at a time, 256 tokens each, where the
+worse candidate (``max_num_seqs`` 1: one request at a time, 768 tokens each, where the
 defaults batch them). The candidate's launch starts at the incumbent's capacity, misses the SLA
 there and ends after that level: PRUNED in the study's Optuna data, with the level as its
 intermediate value and the reason, and shown so by `autotuner report`. Both launches record
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from pathlib import Path
 
 import optuna
@@ -43,10 +44,16 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
 ) -> None:
     workload = {
         "input_tokens": 32,
-        "output_tokens": 256,
+        # One slot serves a 768-token answer in about 2 s on 2 cores (a stalled host only
+        # slower), so the candidate is overloaded at every load a race can start at (1 req/s
+        # or more): its queue grows all level long. With 256 tokens (0.7-0.9 s each) it kept
+        # up at 1 req/s in CI (p50 TTFT 0.6 s) and won the race it was meant to lose. At 1
+        # req/s a 2 s server falls about 1 s further behind with each request, so the median
+        # of 30 waits many seconds; stalls only lengthen the queue.
+        "output_tokens": 768,
         # A race needs the incumbent's capacity above the SLA's own load (where every launch
         # starts anyway), so the defaults search from 0.5 req/s: levels 0.5, 1 and 2 req/s, or
-        # a level left undecided by a busy host measured again; the race is at 1 or 2 req/s.
+        # a level left undecided by a busy host measured again; the race is at 1 req/s or above.
         # (From 1 req/s in two levels, CI's undecided 2 req/s level left their capacity at the
         # SLA's load and nothing to race at.)
         "arrival": {"process": "poisson", "rate": 0.5},
@@ -58,11 +65,13 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
     data = cpu_sla(
         NAME,
         workload,
-        # One slot at the defaults' capacity (above 0.5 req/s, asserted below) queues the
-        # 256-token answers: p50 TTFT 3.6 s at 1 req/s on a loaded 2-core host (5 s let it in).
+        # The defaults batch the answers (p50 TTFT tens of ms at 1 req/s); one slot queues them.
         constraints={"p50_ttft_ms": 2000},
         objectives=[{"maximize": "capacity"}],
-        tune={"max_levels": 3, "rate_step": 2.0},
+        # 4 levels: the defaults' 1 req/s level, left undecided by a stall, is measured again
+        # up to twice (their capacity must be above the SLA's 0.5 req/s to race at).
+        tune={"max_levels": 4, "rate_step": 2.0},
+        params={"max_model_len": 1024},  # 32 + 768 tokens
     )
     sla = parse_sla(yaml.safe_dump(data, sort_keys=False))
     study_dir = tmp_path / "trials" / NAME
@@ -79,7 +88,7 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
     def run(
         params: dict[str, object], trial_dir: Path, /, *, start_load: float | None = None
     ) -> TrialResult:
-        settings = SearchSettings(max_levels=3, step=2.0, start_load=start_load)
+        settings = SearchSettings(max_levels=4, step=2.0, start_load=start_load)
         return run_trial(
             params,  # type: ignore[arg-type]
             sla,
@@ -137,6 +146,11 @@ def test_a_clearly_worse_candidate_is_pruned_at_the_incumbents_capacity(
     assert "GPU-minutes so far (search)" in out.stdout and "over 2 launches" in out.stdout
 
     for number in (0, 1):
+        # The engine ran on all usable cores but the last, which the load generator kept.
+        cores = sorted(os.sched_getaffinity(0))
+        mine = ",".join(map(str, cores[:-1] if len(cores) > 1 else cores))
+        log = (study_dir / f"trial-{number:03d}" / "engine.log").read_text()
+        assert f"# autotuner: the engine runs on CPU cores {mine}\n" in log
         spent = TrialFile.read(study_dir / f"trial-{number:03d}" / "trial.json").gpu_seconds
         assert list(spent) == ["engine_start", "warmup", "levels", "stop"], json.dumps(spent)
         assert spent["engine_start"] > 1 and spent["levels"] > 0

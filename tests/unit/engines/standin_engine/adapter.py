@@ -197,6 +197,7 @@ class StandinAdapter:
             cuda_devices=None if spec.cuda_devices is None else list(spec.cuda_devices),
             log_path=spec.log_path,
             startup_timeout_s=spec.startup_timeout_s,
+            cpus=spec.cpus,
         )
 
     def classify_failure(self, log_tail: str) -> LaunchCause:

@@ -8,7 +8,7 @@ put on the child's ``PYTHONPATH`` so that both packages import there.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from autotuner.core.types import ParamValue
@@ -54,6 +54,7 @@ class StandinEngine(ServerProcess):
         cuda_devices: list[str] | None,
         log_path: Path,
         startup_timeout_s: float = 60.0,
+        cpus: Sequence[int] | None = None,
     ) -> None:
         flags.check_extra_args(extra_args)
         super().__init__(
@@ -61,6 +62,7 @@ class StandinEngine(ServerProcess):
             cuda_devices=cuda_devices,
             log_path=log_path,
             startup_timeout_s=startup_timeout_s,
+            cpus=cpus,
         )
         self.python = python
         self.model = model
