@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +13,15 @@ import pytest
 import yaml
 
 from autotuner.engines import registry
-from autotuner.engines.base import LaunchSpec
 from autotuner.engines.cores import CoreShare, share_cores
 from autotuner.engines.process import ServerProcess
 from autotuner.engines.replicas import ReplicaSet
 from autotuner.measure import launch
 from autotuner.sla.spec import parse_sla
 from tests.unit.engines.standin_engine import ADAPTER as STANDIN
+from tests.unit.engines.test_standin_engine import BOUND_S, _launch_spec
 
 VLLM = registry.get("vllm")
-BOUND_S = 60.0
 
 
 def test_the_last_core_is_kept_when_every_rank_still_has_one() -> None:
@@ -86,16 +85,7 @@ def test_on_two_cores_one_rank_leaves_a_core_to_keep_and_two_none(
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
 def test_the_server_runs_on_the_given_cores_and_the_tuner_keeps_its_own(tmp_path: Path) -> None:
     core = min(os.sched_getaffinity(0))
-    spec = LaunchSpec(
-        python=Path(sys.executable),
-        model=tmp_path / "no-model",
-        served_name="tiny",
-        params={"max_concurrency": 2, "ttft_s": 0.001, "itl_s": 0.001},
-        log_path=tmp_path / "engine.log",
-        startup_timeout_s=BOUND_S,
-        cpus=(core,),
-    )
-    proc = STANDIN.process(spec)
+    proc = STANDIN.process(dataclasses.replace(_launch_spec(tmp_path), cpus=(core,)))
     assert isinstance(proc, ServerProcess)
 
     async def run() -> list[list[int]]:
