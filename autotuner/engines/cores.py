@@ -7,8 +7,8 @@ and leaves core 1 to its API server, where its engine-core process polls for the
 results. A process that shares core 1 with them then waits for seconds, as long as the
 engine is busy: a sleeping probe there woke 2 s late every 2 s (one 768-token answer), the
 load generator sent late and saw whole answers arrive at once (TTFT = end-to-end time). With
-every engine process on core 0 the probe's longest delay was 4 ms and no stream stalled
-(``benchmarks/host_stalls.py`` and ``benchmarks/README.md``).
+every engine process on core 0 the probe's longest delay was 10 ms and no stream stalled
+(``benchmarks/engine_cores.py``, results in ``benchmarks/README.md``).
 
 So every process of the engine gets the usable cores but the last (the process affinity,
 which its children inherit), when that leaves a core for each engine rank; else the engine

@@ -10,6 +10,7 @@ that reaps the group if the tuner dies, a parent-death signal, the log captured 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -96,10 +97,12 @@ def tail(path: Path, lines: int = 40, *, max_bytes: int = 64 * 1024) -> str:
 
 def _in_child(cpus: tuple[int, ...] | None) -> None:
     """Run in the server's process before it starts: the parent-death signal, and its CPU
-    cores (inherited by every process it starts)."""
+    cores (inherited by every process it starts; where they cannot be set, the engine runs on
+    the tuner's, and the log says which it got)."""
     procs.set_parent_death_signal()
     if cpus is not None:
-        os.sched_setaffinity(0, cpus)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
 
 
 class ServerProcess:
@@ -182,6 +185,16 @@ class ServerProcess:
             None,
         )
 
+    def _note_cores(self, pid: int) -> None:
+        """Say in the log which cores the server got (it may have exited already)."""
+        try:
+            got = sorted(os.sched_getaffinity(pid))
+        except OSError:
+            return
+        cores = ",".join(map(str, got))
+        asked = "" if self.cpus is None or tuple(got) == self.cpus else f" (asked for {self.cpus})"
+        self._note(f"the engine runs on CPU cores {cores}{asked}")
+
     def _note(self, line: str) -> None:
         with self.log_path.open("ab") as log:
             log.write(f"# autotuner: {line}\n".encode())
@@ -192,9 +205,6 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             self._log_from = log.tell()  # where this attempt's output starts
             log.write(f"# autotuner launch: {json.dumps(argv)}\n".encode())
-            if self.cpus is not None:
-                cores = ",".join(map(str, self.cpus))
-                log.write(f"# autotuner: the engine runs on CPU cores {cores}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
                 argv,
@@ -205,6 +215,8 @@ class ServerProcess:
                 start_new_session=True,
                 preexec_fn=partial(_in_child, self.cpus),
             )
+        if self.cpus is not None:
+            self._note_cores(self._proc.pid)
         self._guard = procs.start_guard(self._proc.pid, self.log_path)
         base_url = f"http://127.0.0.1:{self.port}"
         try:
