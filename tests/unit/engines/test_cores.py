@@ -82,11 +82,8 @@ def test_on_two_cores_one_rank_leaves_a_core_to_keep_and_two_none(
     assert [s.cpus for s in two.servers] == [(0,), (1,)]
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
-def test_the_server_runs_on_the_given_cores_and_the_tuner_keeps_its_own(tmp_path: Path) -> None:
-    core = min(os.sched_getaffinity(0))
-    proc = STANDIN.process(dataclasses.replace(_launch_spec(tmp_path), cpus=(core,)))
-    assert isinstance(proc, ServerProcess)
+def _affinities(proc: Any) -> list[list[int]]:
+    """Launch ``proc``; the CPU cores of each of its processes; stop it."""
 
     async def run() -> list[list[int]]:
         try:
@@ -95,7 +92,26 @@ def test_the_server_runs_on_the_given_cores_and_the_tuner_keeps_its_own(tmp_path
         finally:
             await proc.stop()
 
-    affinities = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
+def test_the_server_runs_on_the_given_cores_and_the_tuner_keeps_its_own(tmp_path: Path) -> None:
+    core = min(os.sched_getaffinity(0))
+    proc = STANDIN.process(dataclasses.replace(_launch_spec(tmp_path), cpus=(core,)))
+    assert isinstance(proc, ServerProcess)
+
+    affinities = _affinities(proc)
     assert affinities and all(a == [core] for a in affinities), affinities
     assert f"the engine runs on CPU cores {core}" in (tmp_path / "engine.log").read_text()
     assert psutil.Process().cpu_affinity() == sorted(os.sched_getaffinity(0))  # ours unchanged
+
+
+def test_cores_that_cannot_be_set_leave_the_tuners_and_the_log_says_so(tmp_path: Path) -> None:
+    proc = STANDIN.process(dataclasses.replace(_launch_spec(tmp_path), cpus=(4095,)))
+
+    mine = sorted(os.sched_getaffinity(0))
+    assert all(a == mine for a in _affinities(proc))
+    cores = ",".join(map(str, mine))
+    log = (tmp_path / "engine.log").read_text()
+    assert f"the engine runs on CPU cores {cores} (asked for (4095,))" in log
