@@ -17,7 +17,8 @@ measured at all misses. Whatever the constraints say, an open-loop level whose e
 keep up with the rate it was sent misses (:mod:`autotuner.measure.sustained`): a short level
 can end before the growing queue reaches a loose latency limit. And a level the load generator
 could not send at its scheduled rate (:mod:`autotuner.measure.pacing`) is undecided whatever it
-measured: the engine was offered less than the level claims.
+measured: the engine was offered less than the level claims. And an open-loop level too short
+to show a steady load (:mod:`autotuner.measure.span`) cannot show the SLA met: undecided.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from autotuner.measure.evaluate import Evaluation
 from autotuner.measure.loadgen import LoadResult
 from autotuner.measure.pacing import Pacing, worst_pacing
 from autotuner.measure.quantile import Outcome, combine, quantile_interval, requests_needed
+from autotuner.measure.span import Span, shortest_span
 from autotuner.measure.sustained import SUSTAIN_TOLERANCE, Sustained, least_sustained
 from autotuner.sla.spec import Constraint, Sla, parse_percentile_metric
 
@@ -137,11 +139,17 @@ class Judgement:
     margin: float | None
     sustained: Sustained | None = None
     pacing: Pacing | None = None
+    span: Span | None = None  # set where a level too short to show a steady load is undecided
 
     @property
     def behind(self) -> bool:
         """Whether the load generator fell behind its schedule (the level tells nothing)."""
         return self.pacing is not None and self.pacing.behind
+
+    @property
+    def short(self) -> bool:
+        """Whether the level met the SLA but was too short to show it at a steady load."""
+        return self.span is not None
 
 
 def judge(
@@ -212,7 +220,11 @@ def judge(
     pace = worst_pacing(runs or (result,))
     if pace is not None and pace.behind:
         return Judgement(verdicts, "undecided", None, kept, pace)
-    return Judgement(verdicts, combine(outcomes), margin, kept, pace)
+    verdict = combine(outcomes)
+    span = shortest_span(runs or (result,))
+    if verdict == "meets" and span is not None and span.short:
+        return Judgement(verdicts, "undecided", None, kept, pace, span)
+    return Judgement(verdicts, verdict, margin, kept, pace)
 
 
 def pooled(a: LoadResult, b: LoadResult) -> LoadResult:

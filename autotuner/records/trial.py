@@ -271,6 +271,9 @@ class LevelRecord(BaseModel):
     generator_behind: bool | None = None
     # Wall seconds of the level's warm-up requests (its runs together); None in older files.
     warmup_s: float | None = None
+    # Why a level that met the SLA is undecided: too short for a steady load
+    # (autotuner.measure.span); None where it was not, and in older files.
+    short_note: str | None = None
 
 
 class TrialFile(Record):

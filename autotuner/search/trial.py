@@ -132,6 +132,9 @@ class Level:
     max_lag_s: float | None = None
     generator_behind: bool | None = None
     warmup_s: float | None = None  # wall seconds of this run's warm-up requests
+    # Why a level that met the SLA is undecided: too short for a steady load
+    # (autotuner.measure.span; None: it was not, or an older record).
+    short_note: str | None = None
 
     def sustain_note(self) -> str | None:
         """``not sustained: served 8.1 of 17.1 req/s sent`` when the engine fell behind."""
@@ -423,7 +426,8 @@ async def _measure_levels(
         judged = judge(result, ev, sla, sla.tune.confidence, parts)
         verdicts, verdict = judged.verdicts, judged.verdict
         search.record(load, verdict, judged.margin)
-        previous = None if judged.behind else result
+        # A run behind its schedule or too short is measured again, not pooled with.
+        previous = None if judged.behind or judged.short else result
         name = f"level-{i}.json"
         atomic_write_text(run_dir / name, json.dumps(result.to_dict()))
         levels.append(
@@ -445,13 +449,17 @@ async def _measure_levels(
                 rate_kept=pace.kept if (pace := judged.pacing) else None,
                 max_lag_s=pace.max_lag_s if pace else None,
                 generator_behind=pace.behind if pace else None,
+                short_note=span.describe() if (span := judged.span) else None,
                 warmup=warmed,
                 warmup_s=warm,
             )
         )
         goodput = ev.metrics.get("goodput")
         shown = {"meets": "meets SLA", "misses": "misses SLA"}.get(
-            verdict, f"undecided ({levels[-1].pacing_note() or _keys(verdicts, 'undecided')})"
+            verdict,
+            "undecided ("
+            + (levels[-1].pacing_note() or levels[-1].short_note or _keys(verdicts, "undecided"))
+            + ")",
         )
         pooled_note = f", {runs} runs pooled" if runs > 1 else ""
         if note := levels[-1].sustain_note():

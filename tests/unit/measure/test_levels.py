@@ -33,8 +33,8 @@ def sla(constraints: str, size: str = "requests: 30", tune: str = "") -> str:
 
 def result(ttfts_ms: list[float], errors: int = 0) -> LoadResult:
     records = [
-        RequestRecord(i, 0.0, 0.0, 4, ttft_s=t / 1000, itl_s=(0.01,) * 3, e2e_s=t / 1000 + 0.03,
-                      prompt_tokens=8, output_tokens=4)
+        RequestRecord(i, i / 10, 0.0, 4, ttft_s=t / 1000, itl_s=(0.01,) * 3,
+                      e2e_s=t / 1000 + 0.03, prompt_tokens=8, output_tokens=4)
         for i, t in enumerate(ttfts_ms)
     ]  # fmt: skip
     records += [
