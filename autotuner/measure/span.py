@@ -3,7 +3,7 @@
 A level of N requests sent at a high rate can be over before its first request is: every
 request is then in flight at once, none waits for a slot, and the level shows a burst, not
 the rate. The quick start (32 output tokens, 30 requests per level, 2 CPU cores with the
-load generator on a core of its own) "met" the SLA at 537 req/s with ``max_num_seqs`` 32:
+load generator on a core of its own) "met" the SLA at 537 req/s with 32 request slots:
 the 30 requests left within 0.06 s and each took about 0.25 s, while 32 slots of 0.2 s
 requests serve about 160 req/s at most.
 
