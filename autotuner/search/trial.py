@@ -2,7 +2,9 @@
 
 Engine start-up (40-130 s) dwarfs a load run, so a launch measures several load levels: the
 capacity search of :mod:`autotuner.measure.capacity`. The first level is the SLA's own
-workload; a config that misses the SLA there is infeasible and is stopped after that level. A
+workload; a config that misses the SLA there is infeasible (capacity 0), and when the miss is
+on limits less load relieves (latency, errors) a few levels below it measure the load it does
+hold (:mod:`autotuner.measure.sustainable`), else it is stopped after that level. A
 candidate raced against the incumbent (:mod:`autotuner.search.study`) starts instead at
 ``SearchSettings.start_load``, the incumbent's capacity, and is stopped after that level if it
 misses there.
