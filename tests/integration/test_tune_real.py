@@ -21,6 +21,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from autotuner.records.trial import CapacityRecord
 from autotuner.search.study import feasible
 
 from .conftest import cpu_sla, run_cli, tagged_processes, wait_until
@@ -148,7 +149,11 @@ def test_tune_survives_kill_9_resumes_and_promotes(
     for t in launched:
         cap = json.loads((study_dir / t.user_attrs["result_file"]).read_text())["capacity"]
         assert cap["unit"] == "req/s" and cap["resolution"] == 0.03, cap
-        assert t.user_attrs["capacity"] == cap
+        # The same record (the study's attributes leave out a field never set, the file
+        # writes it as null).
+        assert CapacityRecord.model_validate(t.user_attrs["capacity"]) == (
+            CapacityRecord.model_validate(cap)
+        )
         if cap["low"] > 0 and cap["high"] is not None and cap["stopped_by"] == "resolution":
             assert (cap["high"] - cap["low"]) / cap["low"] <= 0.03 + 1e-9, cap
         elif cap["stopped_by"] == "budget":
