@@ -94,6 +94,9 @@ class Launch:
         if c is None or (c.stopped_by == "legacy" and c.low <= 0):
             return "-"
         if c.low <= 0:  # nothing met: why the search stopped (the reason column says more)
+            held = c.sustainable  # and how far below the SLA's load it held every limit
+            if held is not None and held.short is not None:
+                return f"holds {held.value:.3g} {c.unit} ({held.short:.0%} short)"
             return c.stopped_by.replace("_", " ")
         high = "open" if c.high is None else f"{c.high:.3g}"
         return f"[{c.low:.3g}, {high}] {c.unit}"

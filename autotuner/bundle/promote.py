@@ -16,18 +16,19 @@ when profiled, ``kernel_breakdown.csv``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotuner.bundle import lossy_tier
+from autotuner.bundle import lossy_tier, nothing_met
 from autotuner.bundle.bundle_files import write_bundle
 from autotuner.bundle.context import Context as Context  # tests read it from here
 from autotuner.bundle.deploy_files import write_deploy
 from autotuner.bundle.figures import Figures, config_label
 from autotuner.bundle.manifest_build import build_manifest
+from autotuner.bundle.nothing_met import Missed
 from autotuner.core.types import ParamValue
+from autotuner.engines.layout import devices_used
 from autotuner.measure.kernel_profile import ProfileFailed
 from autotuner.measure.kernels import KernelBreakdown
 from autotuner.records.manifest import DecisionRecord, Manifest, NoDecision
@@ -81,11 +82,9 @@ def promote_manifest(
     front = pareto_front(cands, directions)
     ranked = rank(front, directions)
     if not ranked:
-        say(
-            f"no measured config met the SLA: nothing to promote{_closest(ctx, cands)} "
-            "(see `autotuner report`)"
-        )
-        nothing = NoDecision(reason="no measured config met the SLA")
+        closest = _closest(ctx, cands)
+        say(f"no measured config met the SLA: nothing to promote{closest} (see `autotuner report`)")
+        nothing = NoDecision(reason=f"no measured config met the SLA{closest}")
         manifest = build_manifest(ctx, None, nothing, [], ranked, {})
         manifest.write(ctx.study_dir / "no_promotion.json")
         return manifest
@@ -134,20 +133,18 @@ def promote_manifest(
 
 
 def _closest(ctx: Context, cands: Sequence[Candidate]) -> str:
-    """``; the closest: trial-3, p99_ttft_ms missed by 12 % at the SLA's own load``: the
-    measured config whose worst constraint margin is the smallest ("" when none recorded)."""
-    best: tuple[Candidate, str, float] | None = None
+    """``; the closest: trial-3, p99_ttft_ms missed by 12% at the SLA's own load; it holds
+    ...``: the measured config whose worst constraint margin is the smallest, where it holds
+    the SLA's limits and the replicas the SLA's load would take (:mod:`.nothing_met`; ""
+    when nothing was recorded)."""
+    missed = []
     for c in cands:
-        margins = TrialRecord.from_trial(ctx.study.trials[c.trial]).constraints
-        if margins:
-            key, worst = max(margins.items(), key=lambda kv: kv[1])
-            if best is None or worst < best[2]:
-                best = (c, key, worst)
-    if best is None:
-        return ""
-    c, key, worst = best
-    by = f"by {worst:.0%}" if math.isfinite(worst) else "(not measurable)"
-    return f"; the closest: {config_label(c)}, {key} missed {by} at the SLA's own load"
+        r = TrialRecord.from_trial(ctx.study.trials[c.trial])
+        held = r.capacity.sustainable if r.capacity is not None else None
+        devices = devices_used(c.params, ctx.engine.roles)
+        missed.append(Missed(config_label(c), r.constraints, held, devices))
+    unit = "engine rank" if ctx.hardware.device == "cpu" else "GPU"
+    return nothing_met.answer(missed, unit)
 
 
 def _kernel_profiles(

@@ -18,7 +18,7 @@ from autotuner.bundle.conditions import condition_lines
 from autotuner.core.errors import AutotunerError
 from autotuner.engines.base import OptionRoles
 from autotuner.engines.layout import devices_used
-from autotuner.records.manifest import DecisionRecord, Manifest
+from autotuner.records.manifest import DecisionRecord, Manifest, NoDecision
 from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import placement
 from autotuner.search.accounting import account
@@ -100,6 +100,11 @@ def render(study: optuna.Study, study_dir: Path, roles: OptionRoles) -> str:
         "capacity (single runs of the search); latencies at the SLA's own load, at the "
         "percentiles the SLA limits"
     )
+    lines += [
+        f"below the SLA's load: trial {t.number} {r.capacity.sustainable.describe()}"
+        for t, r in trials
+        if r.capacity is not None and r.capacity.sustainable is not None
+    ]
     if said := defaults_line(study, _resolution(study_dir)):
         lines.append(f"search: {said}")
     if raced := sum(raced_out(t) for t, _ in trials):
@@ -133,11 +138,25 @@ def render(study: optuna.Study, study_dir: Path, roles: OptionRoles) -> str:
             lines.append(f"tuned params: {json.dumps(tuned)}")
             lines.append(f"bundle: {manifest.parent}")
     else:
-        lines.append("no promotion yet")
+        lines.append(_no_promotion(study_dir))
     placements = placement.load(study_dir, roles)
     if any(p.node for p in placements):  # ran on Ray: where each launch went
         lines += ["", placement.render(placements)]
     return "\n".join(lines)
+
+
+def _no_promotion(study_dir: Path) -> str:
+    """Why nothing was promoted (``no_promotion.json``), or that no decision was made yet."""
+    path = study_dir / "no_promotion.json"
+    if not path.exists():
+        return "no promotion yet"
+    try:
+        decision = Manifest.read(path).decision
+    except (OSError, AutotunerError, ValueError):
+        return "no promotion yet"
+    if isinstance(decision, NoDecision):
+        return f"no promotion: {decision.reason}"
+    return "no promotion yet"
 
 
 def target_text(target: object) -> str:
@@ -200,7 +219,8 @@ def _bracket(t: FrozenTrial, r: TrialRecord) -> str:
     if cap is None or cap.stopped_by == "legacy":
         return "-"
     if cap.low <= 0:
-        return cap.stopped_by
+        held = cap.sustainable
+        return f"holds {held.value:.3g}" if held and held.value > 0 else cap.stopped_by
     if cap.high is None:
         return f">={cap.low:.3g}"
     return f"{cap.low:.3g}-{cap.high:.3g}"

@@ -49,6 +49,60 @@ class _Trial(Protocol):
     def user_attrs(self) -> dict[str, Any]: ...
 
 
+class SustainableRecord(BaseModel):
+    """How far below the SLA's own load a launch that missed there holds every limit.
+
+    Measured only when the first level missed on limits that less load relieves (latency,
+    errors, an engine that fell behind; never memory): ``value`` is the highest load below
+    ``target`` (the SLA's own load) measured to meet every limit (0: none of the loads tried
+    did, down to ``lowest``), ``high`` the lowest load above it that missed (``target`` at
+    most). It is no capacity: the SLA's load was not met, and the capacity stays 0.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    value: Load
+    high: Load | None
+    target: Annotated[float, Field(gt=0, le=MAX_LOAD, allow_inf_nan=False)]
+    unit: str
+    lowest: Load  # the lowest load tried
+    levels: int = 0  # load levels the search below the SLA's load spent
+    # resolution, budget, infeasible (down to the lowest load there is), undecided, or
+    # not_by_load (a level missed a limit less load cannot fix)
+    stopped_by: str = ""
+
+    @property
+    def not_by_load(self) -> bool:
+        """Whether the search stopped on a miss that less load did not shrink."""
+        return self.stopped_by == "not_by_load"
+
+    @property
+    def short(self) -> float | None:
+        """The share of the SLA's load it falls short by (0.16: 16 % short); None: none held."""
+        return 1 - self.value / self.target if self.value > 0 else None
+
+    def replicas(self) -> int | None:
+        """Data-parallel copies that would carry the SLA's load at this rate each (a plan from
+        the measured rate, not a measurement); None when no rate held."""
+        if self.value <= 0:
+            return None
+        return max(1, math.ceil(self.target / self.value * (1 - 1e-9)))
+
+    def describe(self) -> str:
+        """``holds the SLA's limits up to 4.3 req/s; the SLA asks 5: 16% short``."""
+        unit = self.unit
+        if self.short is None:
+            why = "; the miss does not shrink with the load" if self.not_by_load else ""
+            return (
+                f"holds the SLA's limits at no load tried below the SLA's {self.target:.3g} "
+                f"{unit} (down to {self.lowest:.3g} {unit}{why})"
+            )
+        return (
+            f"holds the SLA's limits up to {self.value:.3g} {unit}; the SLA asks "
+            f"{self.target:.3g}: {self.short:.0%} short"
+        )
+
+
 class CapacityRecord(BaseModel):
     """A launch's capacity: the highest load that meets the SLA, inside a bracket.
 
@@ -71,6 +125,9 @@ class CapacityRecord(BaseModel):
     stopped_by: str
     note: str = ""
     resolution: float | None = None
+    # Where a launch that missed the SLA's own load still holds every limit (None: not
+    # measured, and in records written before it was).
+    sustainable: SustainableRecord | None = None
 
     @property
     def width(self) -> float | None:

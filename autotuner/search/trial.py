@@ -2,7 +2,9 @@
 
 Engine start-up (40-130 s) dwarfs a load run, so a launch measures several load levels: the
 capacity search of :mod:`autotuner.measure.capacity`. The first level is the SLA's own
-workload; a config that misses the SLA there is infeasible and is stopped after that level. A
+workload; a config that misses the SLA there is infeasible (capacity 0), and when the miss is
+on limits less load relieves (latency, errors) a few levels below it measure the load it does
+hold (:mod:`autotuner.measure.sustainable`), else it is stopped after that level. A
 candidate raced against the incumbent (:mod:`autotuner.search.study`) starts instead at
 ``SearchSettings.start_load``, the incumbent's capacity, and is stopped after that level if it
 misses there.
@@ -58,12 +60,17 @@ from autotuner.measure.capacity import Capacity, CapacitySearch
 from autotuner.measure.evaluate import evaluate
 from autotuner.measure.hostload import HostWatch
 from autotuner.measure.launch import layout_of, make_engine
-from autotuner.measure.levels import judge, level_size, pooled
+from autotuner.measure.levels import Judgement, judge, level_size, pooled
 from autotuner.measure.loadgen import LoadResult, run_load
 from autotuner.measure.monitor import Monitor
 from autotuner.measure.pacing import describe as describe_pacing
 from autotuner.measure.quantile import Outcome
 from autotuner.measure.steady import describe as describe_warmup
+from autotuner.measure.sustainable import (
+    SUSTAINABLE_LEVELS,
+    SustainableSearch,
+    relieved_by_less_load,
+)
 from autotuner.measure.sustained import describe as describe_sustained
 from autotuner.records.trial import CapacityRecord, TrialFile, legacy_capacity
 from autotuner.sla.spec import Sla
@@ -392,9 +399,12 @@ async def _measure_levels(
     previous: LoadResult | None = None  # the run an undecided level's re-measure pools with
     # (not one the load generator fell behind on: its re-measure starts afresh)
     parts: list[LoadResult] = []  # the runs pooled into ``previous``, each judged for sustain
-    while (load := search.next_rate()) is not None:
+
+    async def measure(load: float, extending: bool) -> Judgement:
+        """One level at ``load``, appended to ``levels``; what it says."""
+        nonlocal previous, parts
         i = len(levels)
-        again = search.extending and previous is not None
+        again = extending and previous is not None
         plan = build_plan(
             sla,
             model_dir,
@@ -425,7 +435,6 @@ async def _measure_levels(
         ev = evaluate(result, sla)
         judged = judge(result, ev, sla, sla.tune.confidence, parts)
         verdicts, verdict = judged.verdicts, judged.verdict
-        search.record(load, verdict, judged.margin)
         # A run behind its schedule or too short is measured again, not pooled with.
         previous = None if judged.behind or judged.short else result
         name = f"level-{i}.json"
@@ -470,10 +479,72 @@ async def _measure_levels(
             f"{goodput if goodput is None else f'{goodput:.2f}'} req/s"
             + (f", {note}" if (note := cache_note(levels[-1].engine)) else "")
         )
+        return judged
+
+    while (load := search.next_rate()) is not None:
+        judged = await measure(load, search.extending)
+        search.record(load, judged.verdict, judged.margin)
     cap = search.result()
     record = cap.to_record(describe_stop(cap, levels, base, settings), settings.resolution)
     say(f"    capacity {record.describe()}" + (f": {record.note}" if record.low > 0 else ""))
-    return record
+    below = _below(sla, settings, cap, levels, own, search.unit)
+    if below is None:
+        return record
+    say(
+        f"    missed the SLA's own load on limits less load relieves: measuring below it "
+        f"(at most {below.budget} levels)"
+    )
+    previous, parts = None, []
+    while (load := below.next_rate()) is not None:
+        judged = await measure(load, False)
+        relieved = relieved_by_less_load(sla, judged.verdicts)
+        below.record(load, judged.verdict, judged.margin, relieved, _missed_by(levels[-1]))
+    held = below.result()
+    say(f"    {held.describe()}")
+    return record.model_copy(
+        update={"sustainable": held, "note": f"{record.note}; {held.describe()}"}
+    )
+
+
+def _below(
+    sla: Sla,
+    settings: SearchSettings,
+    cap: Capacity,
+    levels: list[Level],
+    own: float,
+    unit: str,
+) -> SustainableSearch | None:
+    """The search below the SLA's own load (:mod:`autotuner.measure.sustainable`), when the
+    launch started there (not raced, not a confirmation), missed it on limits less load
+    relieves, and has levels left; else None."""
+    if settings.around is not None or settings.start_load not in (None, own):
+        return None
+    if cap.stopped_by != "infeasible_at_start" or not levels:
+        return None
+    budget = min(SUSTAINABLE_LEVELS, settings.max_levels - len(cap.levels))
+    if budget < 1 or not relieved_by_less_load(sla, levels[-1].verdicts):
+        return None
+    return SustainableSearch(
+        own,
+        cap.levels[-1].margin,
+        missed_by=_missed_by(levels[-1]),
+        step=settings.step,
+        max_levels=budget,
+        quantum=None if arrival_of(sla).open_loop else 1.0,
+        unit=unit,
+    )
+
+
+def _missed_by(level: Level) -> float | None:
+    """The largest point margin of the limits ``level`` missed (None: none measurable)."""
+    return max(
+        (
+            m
+            for k, m in level.margins.items()
+            if m is not None and level.verdicts.get(k) == "misses"
+        ),
+        default=None,
+    )
 
 
 def run_trial(

@@ -157,3 +157,51 @@ def test_a_level_far_above_what_the_engine_serves_is_never_counted_as_met(
     cap = result.capacity
     assert cap is not None and cap.high is not None and cap.high <= 64.0
     assert_no_leftovers(tag)
+
+
+def test_a_launch_that_misses_its_own_load_measures_how_far_below_it_holds(
+    vllm_python: Path, tiny_model: Path, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One sequence at a time, 32 tokens each: the tiny model served 8.6 req/s of these on 2
+    # cores, so a level sent at 24 req/s falls behind (misses: not sustained, which less load
+    # relieves) and the launch goes on downward: 24 / 8 = 3 req/s, which it serves, then one
+    # level between. Its capacity stays 0; the sustainable load is recorded beside it.
+    monkeypatch.setenv(TAG_VAR, tag)
+    workload = {
+        "input_tokens": 64,
+        "output_tokens": 32,
+        "arrival": {"process": "poisson", "rate": 24.0},
+        "requests": 30,
+        "seed": 7,
+    }
+    sla = cpu_sla(
+        "it-sustainable",
+        workload,
+        constraints={"p50_ttft_ms": 60000, "max_error_rate": 0.0},
+        model={"path": str(tiny_model)},
+        params={"max_num_seqs": 1},
+    )
+    spec = parse_sla(yaml.safe_dump(sla))
+    result = run_trial(
+        dict(spec.engine.params),
+        spec,
+        python=vllm_python,
+        model_dir=tiny_model,
+        run_dir=tmp_path / "run",
+        cuda_devices=None,
+        adapter=registry.get(spec.engine.kind),
+        settings=SearchSettings(max_levels=3, step=8.0),
+        say=print,
+    )
+    assert result.status == "stopped_early", (result.reason, result.extra.get("log_tail"))
+    first, *below = result.levels
+    assert (first.load, first.verdict, first.sustained) == (24.0, "misses", False), first
+    cap = result.capacity
+    assert cap is not None and cap.value == 0 and cap.stopped_by == "infeasible_at_start", cap
+    held = cap.sustainable
+    assert held is not None and held.target == 24.0 and held.levels == len(below) == 2, held
+    assert below[0].load == 3.0 and below[0].verdict == "meets", below[0]
+    assert 3.0 <= held.value < 24.0 and held.short is not None and held.short > 0
+    assert result.reason is not None and held.describe() in result.reason
+    assert not result.feasible and result.metric("capacity") == 0.0
+    assert_no_leftovers(tag)

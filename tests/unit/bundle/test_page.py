@@ -300,7 +300,7 @@ def test_a_study_with_no_feasible_config_says_nothing_was_promoted(tmp_path: Pat
     ctx = _study(tmp_path, sc)
     promote(ctx, sc.confirm_run, lambda s: None)
     words = _text(_html(ctx.study, ctx.study_dir))
-    assert "Nothing was promoted: no measured config met the SLA." in words
+    assert "Nothing was promoted: no measured config met the SLA; the closest: trial-1" in words
     assert "Missing: no promoted config" in words
     assert "Serve" not in words
 

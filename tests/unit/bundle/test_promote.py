@@ -316,14 +316,15 @@ def test_nothing_feasible_promotes_nothing_and_confirms_nothing(tmp_path: Path) 
     said: list[str] = []
     manifest = promote(ctx, sc.confirm_run, said.append)
     assert manifest["promoted"] is None
-    assert manifest["decision"] == {"reason": "no measured config met the SLA"}
+    reason = manifest["decision"]["reason"]
+    assert reason.startswith("no measured config met the SLA; the closest: trial-1, ")
     assert sc.confirm_calls == []
     assert not (ctx.study_dir / "promoted").exists()
     saved = json.loads((ctx.study_dir / "no_promotion.json").read_text())
     assert saved["promoted"] is None and saved["pareto_front"] == []
     assert {d["trial"] for d in saved["decisions"]["infeasible"]} == {0, 1, 4}
     assert any("nothing to promote" in s for s in said)
-    assert "no promotion yet" in render(ctx.study, ctx.study_dir, VLLM.roles)
+    assert f"no promotion: {reason}" in render(ctx.study, ctx.study_dir, VLLM.roles)
 
 
 def test_baseline_that_failed_to_start_promotes_the_best_ranked_candidate(tmp_path: Path) -> None:

@@ -225,15 +225,85 @@ def test_too_few_requests_leave_the_level_undecided_and_say_so(
     assert len(pooled["records"]) == 200
 
 
-def test_a_config_that_misses_its_own_load_stops_after_one_level(
+def test_a_miss_that_less_load_does_not_shrink_stops_one_level_below(
     fake: FakeLoad, tmp_path: Path
 ) -> None:
-    fake.fail_every = 3  # a third of the requests fail: the error-rate limit 0 misses
+    fake.fail_every = 3  # a third of the requests fail at any rate: the limit 0 misses
     result = run(tmp_path, sla_text("p90_ttft_ms: 1000, max_error_rate: 0.0", requests=30))
-    assert len(result.levels) == 1 and result.status == "stopped_early"
-    assert result.levels[0].verdicts["max_error_rate"] == "misses"
-    assert result.reason == "misses the SLA at poisson 2 req/s (max_error_rate)"
-    assert result.capacity is not None and result.capacity.stopped_by == "infeasible_at_start"
+    assert [lv.load for lv in result.levels] == pytest.approx([2.0, 2.0 / 1.5])
+    assert result.status == "stopped_early" and not result.feasible
+    assert all(lv.verdicts["max_error_rate"] == "misses" for lv in result.levels)
+    assert result.reason is not None
+    assert result.reason.startswith("misses the SLA at poisson 2 req/s (max_error_rate); ")
+    cap = result.capacity
+    assert cap is not None and cap.stopped_by == "infeasible_at_start" and cap.value == 0
+    assert cap.sustainable is not None and cap.sustainable.not_by_load
+    assert cap.sustainable.value == 0 and "does not shrink with the load" in result.reason
+
+
+# p90 TTFT limit at which the fake engine holds only ~1.4 req/s against the SLA's 2.
+SHORT_LIMIT_MS = 75.0
+
+
+def test_a_launch_that_misses_its_own_load_on_latency_measures_how_far_below_it_holds(
+    fake: FakeLoad, tmp_path: Path
+) -> None:
+    said: list[str] = []
+    text = sla_text(f"p90_ttft_ms: {SHORT_LIMIT_MS:g}", requests=300)
+    result = run(tmp_path, text, said=said)
+    cap = result.capacity
+    assert cap is not None and cap.value == 0 and cap.stopped_by == "infeasible_at_start"
+    assert result.best is None and not result.feasible and result.status == "stopped_early"
+    assert result.metric("capacity") == 0.0
+    held = cap.sustainable
+    assert held is not None and held.target == 2.0 and held.unit == "req/s"
+    below = result.levels[1:]
+    assert 1 <= len(below) <= 3 and held.levels == len(below)
+    assert all(lv.load < 2.0 for lv in below)
+    # Claims only a level that met every limit, at or below the truth.
+    assert any(lv.verdict == "meets" and lv.load == held.value for lv in below)
+    assert 0 < held.value <= true_capacity(SHORT_LIMIT_MS, 0.9) * 1.01
+    assert held.high is not None and held.value < held.high <= 2.0
+    assert result.reason is not None and held.describe() in result.reason
+    assert held.describe().startswith("holds the SLA's limits up to ")
+    assert any("measuring below it" in line for line in said)
+    # trial.json keeps it, and reads back the same.
+    saved = TrialFile.read(tmp_path / "run" / "trial.json")
+    assert saved.capacity == cap and saved.capacity.sustainable == held
+    assert TrialResult.read(tmp_path / "run" / "trial.json").capacity == cap
+
+
+def test_the_search_below_stays_within_the_level_budget(fake: FakeLoad, tmp_path: Path) -> None:
+    text = sla_text(f"p90_ttft_ms: {SHORT_LIMIT_MS:g}", requests=60, tune="max_levels: 2")
+    result = run(tmp_path, text)
+    assert len(result.levels) == 2
+    cap = result.capacity
+    assert cap is not None and cap.sustainable is not None and cap.sustainable.levels == 1
+    assert len(run(tmp_path, sla_text("p90_ttft_ms: 75", tune="max_levels: 1")).levels) == 1
+
+
+class MemoryMonitor(FakeMonitor):
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "peak_memory_bytes": 5 * 2**30}
+
+
+@pytest.mark.parametrize(
+    "constraints", [f"p90_ttft_ms: {SHORT_LIMIT_MS:g}, max_gpu_memory_gib: 4", "min_goodput: 3"]
+)
+def test_a_miss_less_load_cannot_fix_does_not_go_below(
+    fake: FakeLoad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, constraints: str
+) -> None:
+    monkeypatch.setattr(trial_mod, "Monitor", MemoryMonitor)
+    result = run(tmp_path, sla_text(constraints, requests=60))
+    assert len(result.levels) == 1
+    assert result.capacity is not None and result.capacity.sustainable is None
+
+
+def test_a_raced_candidate_that_misses_does_not_go_below(fake: FakeLoad, tmp_path: Path) -> None:
+    text = sla_text(f"p90_ttft_ms: {SHORT_LIMIT_MS:g}", requests=60)
+    result = run(tmp_path, text, SearchSettings(start_load=3.0))
+    assert [lv.load for lv in result.levels] == [3.0]
+    assert result.capacity is not None and result.capacity.sustainable is None
 
 
 def test_the_level_budget_that_stopped_the_search_is_named(fake: FakeLoad, tmp_path: Path) -> None:
