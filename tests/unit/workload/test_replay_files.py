@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -450,3 +451,47 @@ def test_the_defaults_sentence_uses_the_unit_capacity_was_measured_in() -> None:
         "x trace speed"
     )
     assert _capacity_unit([]) == "req/s"
+
+
+NESTED = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}x"
+
+
+@pytest.mark.parametrize(
+    ("template", "phrase"),
+    [
+        (NESTED, "rendering ran past 1 s"),  # issue 40: tune printed nothing for 90 s
+        ("{% for i in range(99999) %}{{ 'y' * 99999 }}{% endfor %}", "more than"),
+        ("{{ 'x' * 10**10 }}", "a repeat of 10000000000"),
+    ],
+)
+def test_tune_stops_a_runaway_chat_template_with_exit_2_naming_its_file(
+    template: str,
+    phrase: str,
+    tmp_path: Path,
+    tiny: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from autotuner.workload import chat_render
+
+    monkeypatch.setattr(chat_render, "SECONDS", 1.0)  # the bound, made short for the test
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in tiny.iterdir():
+        if f.name != "tokenizer_config.json":
+            (model / f.name).symlink_to(f)
+    config = write(model / "tokenizer_config.json", json.dumps({"chat_template": template}))
+    jsonl(tmp_path / "chat.jsonl", {"messages": [{"role": "user", "content": "hello"}]})
+    sla = _sla_file(
+        tmp_path,
+        model,
+        "{dataset: chat.jsonl, arrival: {process: poisson, rate: 1}, requests: 4}",
+    )
+    trials = tmp_path / "trials"
+    started = time.monotonic()
+    assert main(["tune", str(sla), "--trials-dir", str(trials)]) == 2
+    assert time.monotonic() - started < 60  # a bound against the hang, not a timing
+    err = capsys.readouterr().err
+    assert f"error: {config}: chat template: " in err and phrase in err
+    assert "chat.jsonl: line 1" in err
+    assert not trials.exists()  # no study, no launch
