@@ -513,3 +513,20 @@ def test_a_dead_holder_releases_its_device(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_sla_with_a_5000_digit_integer_is_400_not_a_server_error(daemon: Daemon) -> None:
+    # Issue 40: Python's int conversion limit surfaced as HTTP 500 and a traceback.
+    text = SLA.format(name="d").replace("requests: 10", "requests: " + "9" * 5000)
+
+    async def go() -> None:
+        client = await api_client(daemon)
+        try:
+            r = await client.post("/v1/studies", data=text, headers=bearer(daemon.token))
+            assert r.status == 400
+            assert "an integer of more than" in (await r.json())["error"]
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+    assert daemon.store.slas() == []
