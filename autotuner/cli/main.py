@@ -297,10 +297,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _checked(args: argparse.Namespace) -> int:
-    """Refuse an output path that can't be written (a directory) before any work is done."""
+    """Refuse an output path that can't be written (a directory, a folder that is a file)
+    before any work is done."""
     for where in (getattr(args, "output", None), getattr(args, "outcome", None)):
         if where:
             paths.check_output(Path(where))
+    if getattr(args, "trials_dir", None):
+        paths.check_folder(Path(args.trials_dir), "--trials-dir")
     return _dispatch(args)
 
 

@@ -34,6 +34,21 @@ def models_dir() -> Path:
     return home() / "models"
 
 
+def check_folder(path: Path, what: str) -> None:
+    """Refuse (:class:`OutputRefused`) a folder to write under that can't be one: ``path``, or
+    the nearest of its parents that exists, is a file. Nothing is created here."""
+    for existing in (path, *path.parents):
+        try:
+            mode = existing.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):  # not there, or under a file
+            continue
+        except OSError:
+            return  # unreachable: making the folder says why, as it always did
+        if not stat.S_ISDIR(mode):
+            raise OutputRefused(f"{what} {path}: {existing} is a file, not a folder")
+        return
+
+
 def check_output(path: Path) -> bool:
     """Whether ``path`` is a stream (character device, FIFO: written through, never replaced);
     False for a regular file or nothing yet (replaced atomically). :class:`OutputRefused` for

@@ -135,3 +135,17 @@ def test_atomic_write_still_replaces_a_regular_file_and_a_symlinked_device_stays
     link.symlink_to(null_device)
     atomic_write_text(link, "gone")
     assert link.is_symlink() and stat.S_ISCHR(null_device.stat().st_mode)
+
+
+@pytest.mark.parametrize("under", ["", "sub/dir"])
+def test_trials_dir_naming_a_file_exits_2_not_70(
+    under: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(tune_cli, "tune", _never)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    trials = a_file / under if under else a_file
+    assert main(["tune", SLA_FILE, "--trials-dir", str(trials)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"error: --trials-dir {trials}: {a_file} is a file, not a folder"
+    assert a_file.read_text() == "mine"

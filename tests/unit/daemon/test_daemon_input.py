@@ -530,3 +530,21 @@ def test_an_sla_with_a_5000_digit_integer_is_400_not_a_server_error(daemon: Daem
 
     asyncio.run(go())
     assert daemon.store.slas() == []
+
+
+def test_an_engine_name_too_long_for_a_file_name_is_refused_everywhere(
+    daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 40: `engine add` took 300 characters; the daemon then failed on "File name too
+    # long" writing the pinned copy and left slas/NAME/source.yaml without a row.
+    from autotuner.cli.main import main
+
+    name = "e" * 300
+    assert main(["engine", "add", name, "--python", sys.executable]) == 2
+    assert "at most 100 characters, got 300" in capsys.readouterr().err
+    text = SLA.format(name="long").replace("name: eng-a", f"name: {name}")
+    with pytest.raises(SubmitError) as err:
+        daemon.submit(text, source="long.yaml", base_dir=None)
+    assert err.value.status == 400 and "at most 100 characters" in str(err.value)
+    assert daemon.store.get_sla("long") is None
+    assert not daemon.layout.sla_dir("long").exists()
