@@ -274,7 +274,10 @@ def test_the_lock_creates_a_missing_database_to_hold_it(tmp_path: Path) -> None:
     db = tmp_path / "new.db"
     with study_lock(tmp_path / "a" / NAME, NAME, f"sqlite:///{db}"):
         os.link(db, tmp_path / "later.db")
-        with pytest.raises(StudyBusy, match="through another path"):
-            with study_lock(tmp_path / "b" / NAME, NAME, f"sqlite:///{tmp_path / 'later.db'}"):
-                pass
+        later = f"sqlite:///{tmp_path / 'later.db'}"
+        with (
+            pytest.raises(StudyBusy, match="through another path"),
+            study_lock(tmp_path / "b" / NAME, NAME, later),
+        ):
+            pass
     assert db.stat().st_size == 0

@@ -113,6 +113,14 @@ def test_openai_chat_reply_after_the_last_user_turn_gives_the_output_length(
         ("p.txt", '{"prompt": "a"}\n', ":", "unknown dataset format"),
         ("p.jsonl", "[" * 100_000 + "\n", ":1:", "nested too deeply"),
         ("p.jsonl", '{"prompt": "a"}\n{"prompt": \n', ":2:", "not JSON"),
+        # issue 40: Python kept the last of two keys, and said its own words for the rest
+        ("p.jsonl", '{"prompt": "a", "prompt": "b"}\n', ":1:", 'duplicate key "prompt"'),
+        (
+            "p.jsonl",
+            '{"prompt": "a", "output_tokens": ' + "9" * 5000 + "}\n",
+            ":1:",
+            "an integer of more than 4300 digits",
+        ),
         (
             "c.jsonl",
             '{"messages": [{"role": "user", "content": [{"type": "image"}]}]}\n',
@@ -495,3 +503,10 @@ def test_tune_stops_a_runaway_chat_template_with_exit_2_naming_its_file(
     assert f"error: {config}: chat template: " in err and phrase in err
     assert "chat.jsonl: line 1" in err
     assert not trials.exists()  # no study, no launch
+
+
+def test_a_byte_order_mark_before_a_dataset_is_skipped(tmp_path: Path) -> None:
+    # issue 40: Python's "Unexpected UTF-8 BOM" for a file an editor saved with one
+    path = write(tmp_path / "p.jsonl", '\ufeff{"prompt": "a b"}\n')
+    kind, rows = read_dataset(path)
+    assert kind == "prompts" and [r.prompt for r in rows] == ["a b"]
