@@ -17,6 +17,7 @@ from typing import Any
 
 from autotuner import __version__
 from autotuner.cli import errors, outcome
+from autotuner.core import paths
 from autotuner.core.errors import EXIT_CODES
 
 DEBUG_HELP = "on an internal error, print the traceback instead of writing it to a file"
@@ -292,7 +293,18 @@ def main(argv: list[str] | None = None) -> int:
     _log_to_stderr(debug=args.debug)
     where = getattr(args, "outcome", None)
     report = None if where is None else outcome.writer(args.command, Path(where))
-    return errors.run(lambda: _dispatch(args), argv, debug=args.debug, report=report)
+    return errors.run(lambda: _checked(args), argv, debug=args.debug, report=report)
+
+
+def _checked(args: argparse.Namespace) -> int:
+    """Refuse an output path that can't be written (a directory, a folder that is a file)
+    before any work is done."""
+    for where in (getattr(args, "output", None), getattr(args, "outcome", None)):
+        if where:
+            paths.check_output(Path(where))
+    if getattr(args, "trials_dir", None):
+        paths.check_folder(Path(args.trials_dir), "--trials-dir")
+    return _dispatch(args)
 
 
 def _log_to_stderr(*, debug: bool) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from autotuner.cli.errors import Report
+from autotuner.core.errors import BadInput
 from autotuner.records.outcome import JobOutcome
 
 
@@ -17,7 +18,8 @@ def writer(command: str, path: Path) -> Report:
     def write(code: int, line: str | None) -> None:
         try:
             JobOutcome.of_exit(command, code, line).write(path)
-        except OSError as exc:  # the exit code stands; a reader takes a missing file as failed
+        # the exit code stands; a reader takes a missing file as failed
+        except (OSError, BadInput) as exc:
             print(f"warning: could not write the outcome file {path}: {exc}", file=sys.stderr)
 
     return write

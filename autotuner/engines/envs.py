@@ -89,6 +89,7 @@ NO_ENV_HINT = (
     f"run `autotuner engine install {EXAMPLE_SPEC}` or `autotuner engine add NAME --python PATH`"
 )
 
+MAX_NAME = 100  # as an SLA's name
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # whole names only: fullmatch
 # A version as a package reports it (PEP 440, local part included): no spaces, no controls.
 _VERSION_RE = re.compile(r"[0-9][A-Za-z0-9.+!_-]{0,63}")
@@ -159,6 +160,10 @@ def _device(distribution: str, version: str) -> str:
 
 def validate_name(name: str) -> str:
     """Return ``name`` if it is a valid environment name, else raise EngineEnvUsageError."""
+    if len(name) > MAX_NAME:  # it names files (the daemon's pinned SLA copy among them)
+        raise EngineEnvUsageError(
+            f"invalid engine environment name: at most {MAX_NAME} characters, got {len(name)}"
+        )
     if not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise EngineEnvUsageError(
             f"invalid engine environment name {name!r}: use letters, digits, '_', '.', '-', "

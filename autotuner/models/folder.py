@@ -10,14 +10,13 @@ ZeroDivisionError further on.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotuner.core import confined
+from autotuner.core import confined, strict_json
 from autotuner.core.errors import BadInput
 
 __all__ = [
@@ -78,11 +77,9 @@ def read_json_object(path: Path, max_bytes: int) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ModelFolderError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ModelFolderError(f"{path}: not valid JSON (nested too deep)") from None
+        value = strict_json.loads(text)
     except ValueError as exc:
-        raise ModelFolderError(f"{path}: not valid JSON ({exc})") from None
+        raise ModelFolderError(f"{path}: {exc}") from None
     if not isinstance(value, dict):
         raise ModelFolderError(f"{path}: a JSON object was expected, found {type(value).__name__}")
     return value

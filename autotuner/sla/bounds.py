@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # Bounds that no real SLA reaches, so that a typo (or hostile input) fails here and not as a
 # hang or an overflow in the middle of a run.
+MAX_SLA_BYTES = 1 << 20  # an SLA file is a page of YAML; /dev/zero is not one
 MAX_TOKENS = 10_000_000
 MAX_SECONDS = 7 * 24 * 3600.0
 MAX_REQUESTS = 10_000_000

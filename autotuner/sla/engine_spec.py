@@ -108,6 +108,8 @@ class EngineSpec(Strict):
     @field_validator("name")
     @classmethod
     def _engine_name(cls, v: str | None) -> str | None:
+        if v is not None and len(v) > 100:  # it names files, as the SLA's name does
+            raise fail(f"an engine name is at most 100 characters, got {len(v)}")
         if v is not None and not NAME_RE.match(v):
             raise fail(f"not a valid engine name: {v!r}")
         return v

@@ -14,7 +14,10 @@ re-exports the names the rest of the tuner imports from here.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from pydantic import ValidationError
 
 from autotuner.core.yamlpos import load_located
 from autotuner.sla.base import HINTS, show
-from autotuner.sla.bounds import MAX_GRID_POINTS
+from autotuner.sla.bounds import MAX_GRID_POINTS, MAX_SLA_BYTES
 from autotuner.sla.constraints import Constraint, Objective
 from autotuner.sla.costs import grid_points, percentile_requests
 from autotuner.sla.document import Sla, level_requests
@@ -115,6 +118,9 @@ def parse_sla(
         located = load_located(text)
     except yaml.YAMLError as exc:
         raise SlaError([_yaml_problem(exc)], source) from None
+    except ValueError as exc:  # an integer of thousands of digits: Python refuses to convert it
+        problem = Problem(None, "", f"a value can't be read: {_short(exc)}")
+        raise SlaError([problem], source) from None
     data = located.data
     if data is None:
         raise SlaError(
@@ -147,12 +153,49 @@ def parse_sla(
     return sla
 
 
+def _short(exc: ValueError) -> str:
+    text = str(exc)
+    if "integer string conversion" in text:  # Python's hint (set_int_max_str_digits) is not ours
+        return f"an integer of more than {sys.get_int_max_str_digits()} digits"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _read_sla_text(file: Path) -> str:
+    """The file's text, read without blocking (a FIFO is refused, not waited on) and at most
+    :data:`MAX_SLA_BYTES` of it (a device like /dev/zero is refused before any read)."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(file)
+        if not stat.S_ISREG(mode):
+            raise _NotAFile(file)
+        data = f.read(MAX_SLA_BYTES + 1)
+    if len(data) > MAX_SLA_BYTES:
+        raise _TooLarge(file)
+    return data.decode("utf-8")
+
+
+class _NotAFile(OSError):
+    pass
+
+
+class _TooLarge(OSError):
+    pass
+
+
 def load_sla(path: str | Path) -> Sla:
     """Read and validate an SLA file; every failure (I/O included) is an ``SlaError``."""
     source = str(path)
     file = Path(path).expanduser()
     try:
-        text = file.read_text(encoding="utf-8")
+        text = _read_sla_text(file)
+    except _NotAFile:
+        why = "is not a regular file (a FIFO, a device); give an SLA file"
+        raise SlaError([Problem(None, "", why)], source) from None
+    except _TooLarge:
+        why = f"is over {MAX_SLA_BYTES} bytes, too large for an SLA file"
+        raise SlaError([Problem(None, "", why)], source) from None
     except FileNotFoundError:
         raise SlaError([Problem(None, "", "no such file")], source) from None
     except IsADirectoryError:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from autotuner.core import confined
+from autotuner.core import confined, strict_json
 
 MAX_FILE_BYTES = 2 * 1024**3  # ShareGPT's best-known file is 0.7 GB
 MAX_LINE_BYTES = 16 * 1024**2
@@ -29,18 +29,10 @@ class DataFileError(ValueError):
     """A data file that can't be used; the message names the file and line or record."""
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def parse_json(text: str) -> Any:
-    """``json.loads`` without NaN / Infinity; any failure is a ``ValueError``."""
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc.msg} (column {exc.colno})") from None
-    except RecursionError:
-        raise ValueError("not usable JSON: nested too deeply") from None
+    """Strict JSON (:func:`autotuner.core.strict_json.loads`: no NaN, no duplicate keys); any
+    failure is a ``ValueError``."""
+    return strict_json.loads(text)
 
 
 def check_size(path: Path) -> None:
@@ -116,13 +108,9 @@ def json_document(path: Path) -> Any:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise DataFileError(f"{path}:{line}: not UTF-8 text") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise DataFileError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
-    except RecursionError:
-        raise DataFileError(f"{path}: not usable JSON: nested too deeply") from None
+        return strict_json.loads(text)
     except ValueError as exc:
-        raise DataFileError(f"{path}: not usable JSON: {exc}") from None
+        raise DataFileError(f"{path}: {exc}") from None
 
 
 def count(value: Any, what: str, *, low: int = 1, high: int = 10_000_000) -> int:

@@ -241,10 +241,9 @@ def _chat_renderer(model_dir: Path) -> tuple[Any, str]:
         template = named.get("default")
     if isinstance(template, str) and template.strip():
         try:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            from autotuner.workload import chat_render
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            compiled = env.from_string(template)
+            compiled = chat_render.compile_template(template)
         except Exception as exc:  # jinja2 missing, or a template it can't compile
             return _join, f"joined by blank lines (chat template unusable: {type(exc).__name__})"
 
@@ -256,15 +255,17 @@ def _chat_renderer(model_dir: Path) -> tuple[Any, str]:
             raise ValueError(message)
 
         def render(messages: tuple[tuple[str, str], ...]) -> str:
-            return str(
-                compiled.render(
-                    messages=[{"role": r, "content": c} for r, c in messages],
-                    add_generation_prompt=True,
-                    bos_token=special("bos_token"),
-                    eos_token=special("eos_token"),
-                    raise_exception=raise_exception,
-                )
-            )
+            context = {
+                "messages": [{"role": r, "content": c} for r, c in messages],
+                "add_generation_prompt": True,
+                "bos_token": special("bos_token"),
+                "eos_token": special("eos_token"),
+                "raise_exception": raise_exception,
+            }
+            try:
+                return chat_render.render(compiled, context)
+            except chat_render.TemplateRunaway as exc:
+                raise DataFileError(f"{config_file}: chat template: {exc}") from None
 
         return render, "through the model's chat template"
     return _join, "joined by blank lines (the model has no chat template)"
@@ -307,6 +308,8 @@ def _prepared(
         if msgs:
             try:
                 texts.append(render(msgs))
+            except DataFileError as exc:  # the template itself runs away: name its file
+                raise DataFileError(f"{exc} (rendering {path}: {row.where})") from None
             except Exception as exc:  # the model's template refuses this conversation
                 raise DataFileError(f"{path}: {row.where}: chat template: {exc}") from None
         else:

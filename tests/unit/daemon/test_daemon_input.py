@@ -513,3 +513,38 @@ def test_a_dead_holder_releases_its_device(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_sla_with_a_5000_digit_integer_is_400_not_a_server_error(daemon: Daemon) -> None:
+    # Issue 40: Python's int conversion limit surfaced as HTTP 500 and a traceback.
+    text = SLA.format(name="d").replace("requests: 10", "requests: " + "9" * 5000)
+
+    async def go() -> None:
+        client = await api_client(daemon)
+        try:
+            r = await client.post("/v1/studies", data=text, headers=bearer(daemon.token))
+            assert r.status == 400
+            assert "an integer of more than" in (await r.json())["error"]
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+    assert daemon.store.slas() == []
+
+
+def test_an_engine_name_too_long_for_a_file_name_is_refused_everywhere(
+    daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 40: `engine add` took 300 characters; the daemon then failed on "File name too
+    # long" writing the pinned copy and left slas/NAME/source.yaml without a row.
+    from autotuner.cli.main import main
+
+    name = "e" * 300
+    assert main(["engine", "add", name, "--python", sys.executable]) == 2
+    assert "at most 100 characters, got 300" in capsys.readouterr().err
+    text = SLA.format(name="long").replace("name: eng-a", f"name: {name}")
+    with pytest.raises(SubmitError) as err:
+        daemon.submit(text, source="long.yaml", base_dir=None)
+    assert err.value.status == 400 and "at most 100 characters" in str(err.value)
+    assert daemon.store.get_sla("long") is None
+    assert not daemon.layout.sla_dir("long").exists()

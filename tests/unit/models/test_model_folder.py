@@ -40,7 +40,11 @@ def _raw(data: bytes) -> Callable[[Path], None]:
 
 
 HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
-    "not JSON": (_raw(b"{not json"), "not valid JSON"),
+    "not JSON": (_raw(b"{not json"), "not JSON"),
+    "duplicate key": (
+        _raw(b'{"model_type": "llama", "model_type": "x"}'),
+        'duplicate key "model_type"',
+    ),
     "nested past the stack": (_raw(b"[" * 100_000), "nested too deep"),
     "not UTF-8": (_raw(b'{"model_type": "\xff\xfe"}'), "not UTF-8"),
     "not an object": (_raw(b"[1, 2]"), "a JSON object was expected, found list"),
@@ -115,7 +119,7 @@ def test_real_shapes_pass() -> None:
 @pytest.mark.parametrize(
     ("data", "said"),
     [
-        (b"{not json", "not valid JSON"),
+        (b"{not json", "not JSON"),
         (b"[" * 100_000, "nested too deep"),
         (b'{"a": "\xff"}', "not UTF-8"),
         (b'{"model": 3}', "not the tokenizer autotuner generated"),

@@ -214,3 +214,70 @@ def test_the_storage_lock_holds_across_processes(tmp_path: Path) -> None:
         other.wait(timeout=30)
     with study_lock(tmp_path / "b" / NAME, NAME, url) as me:
         assert me.pid == os.getpid()
+
+
+def test_a_hard_link_to_the_storage_does_not_let_a_second_tuner_in(
+    tmp_path: Path, launches: Launches, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 40: `ln shared.db hard.db` gave one file two real paths, so two lock files, and
+    # two tuners interleaved their trials in it. The lock now holds the file itself.
+    shared = tmp_path / "shared.db"
+    shared.touch()  # an empty file is a new study
+    code = (
+        "import sys, pathlib\n"
+        "from autotuner.search.lock import study_lock\n"
+        f"with study_lock(pathlib.Path({str(tmp_path / 'a' / NAME)!r}), {NAME!r}, "
+        f"{f'sqlite:///{shared}'!r}):\n"
+        "    print('held', flush=True)\n"
+        "    sys.stdin.readline()\n"
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "held\n"
+        hard = tmp_path / "hard.db"
+        os.link(shared, hard)
+        assert storage_lock_path(f"sqlite:///{hard}", NAME) != storage_lock_path(
+            f"sqlite:///{shared}", NAME
+        )
+        assert _tune(tmp_path, trials="b", storage=f"sqlite:///{hard}") == StudyBusy.exit_code
+        line = _error(capsys)
+        assert f"study {NAME} is being tuned by another process through another path" in line
+        assert f"inode {shared.stat().st_ino}" in line
+        assert launches.calls == []
+        assert shared.stat().st_size == 0  # nothing written to the held database
+        # another study in the same file is another lock
+        with study_lock(tmp_path / "c" / "other", "other", f"sqlite:///{hard}"):
+            pass
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+    assert _tune(tmp_path, trials="b", storage=f"sqlite:///{hard}") == 0  # released: it runs
+
+
+def test_a_hard_link_to_a_study_folders_own_database_is_held_too(
+    tmp_path: Path, launches: Launches, capsys: pytest.CaptureFixture[str]
+) -> None:
+    own = tmp_path / "a" / NAME / "study.db"
+    own.parent.mkdir(parents=True)
+    own.touch()
+    with study_lock(own.parent, NAME):  # no tune.storage: the folder's own study.db
+        os.link(own, tmp_path / "hard.db")
+        assert _tune(tmp_path, trials="b", storage=f"sqlite:///{tmp_path / 'hard.db'}") == 2
+        assert "through another path to its database" in _error(capsys)
+        assert launches.calls == []
+
+
+def test_the_lock_creates_a_missing_database_to_hold_it(tmp_path: Path) -> None:
+    # Locked before anything exists: a link made once the tuner has started meets the lock.
+    db = tmp_path / "new.db"
+    with study_lock(tmp_path / "a" / NAME, NAME, f"sqlite:///{db}"):
+        os.link(db, tmp_path / "later.db")
+        later = f"sqlite:///{tmp_path / 'later.db'}"
+        with (
+            pytest.raises(StudyBusy, match="through another path"),
+            study_lock(tmp_path / "b" / NAME, NAME, later),
+        ):
+            pass
+    assert db.stat().st_size == 0

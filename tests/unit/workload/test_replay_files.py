@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,14 @@ def test_openai_chat_reply_after_the_last_user_turn_gives_the_output_length(
         ("p.txt", '{"prompt": "a"}\n', ":", "unknown dataset format"),
         ("p.jsonl", "[" * 100_000 + "\n", ":1:", "nested too deeply"),
         ("p.jsonl", '{"prompt": "a"}\n{"prompt": \n', ":2:", "not JSON"),
+        # issue 40: Python kept the last of two keys, and said its own words for the rest
+        ("p.jsonl", '{"prompt": "a", "prompt": "b"}\n', ":1:", 'duplicate key "prompt"'),
+        (
+            "p.jsonl",
+            '{"prompt": "a", "output_tokens": ' + "9" * 5000 + "}\n",
+            ":1:",
+            "an integer of more than 4300 digits",
+        ),
         (
             "c.jsonl",
             '{"messages": [{"role": "user", "content": [{"type": "image"}]}]}\n',
@@ -450,3 +459,54 @@ def test_the_defaults_sentence_uses_the_unit_capacity_was_measured_in() -> None:
         "x trace speed"
     )
     assert _capacity_unit([]) == "req/s"
+
+
+NESTED = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}x"
+
+
+@pytest.mark.parametrize(
+    ("template", "phrase"),
+    [
+        (NESTED, "rendering ran past 1 s"),  # issue 40: tune printed nothing for 90 s
+        ("{% for i in range(99999) %}{{ 'y' * 99999 }}{% endfor %}", "more than"),
+        ("{{ 'x' * 10**10 }}", "a repeat of 10000000000"),
+    ],
+)
+def test_tune_stops_a_runaway_chat_template_with_exit_2_naming_its_file(
+    template: str,
+    phrase: str,
+    tmp_path: Path,
+    tiny: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from autotuner.workload import chat_render
+
+    monkeypatch.setattr(chat_render, "SECONDS", 1.0)  # the bound, made short for the test
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in tiny.iterdir():
+        if f.name != "tokenizer_config.json":
+            (model / f.name).symlink_to(f)
+    config = write(model / "tokenizer_config.json", json.dumps({"chat_template": template}))
+    jsonl(tmp_path / "chat.jsonl", {"messages": [{"role": "user", "content": "hello"}]})
+    sla = _sla_file(
+        tmp_path,
+        model,
+        "{dataset: chat.jsonl, arrival: {process: poisson, rate: 1}, requests: 4}",
+    )
+    trials = tmp_path / "trials"
+    started = time.monotonic()
+    assert main(["tune", str(sla), "--trials-dir", str(trials)]) == 2
+    assert time.monotonic() - started < 60  # a bound against the hang, not a timing
+    err = capsys.readouterr().err
+    assert f"error: {config}: chat template: " in err and phrase in err
+    assert "chat.jsonl: line 1" in err
+    assert not trials.exists()  # no study, no launch
+
+
+def test_a_byte_order_mark_before_a_dataset_is_skipped(tmp_path: Path) -> None:
+    # issue 40: Python's "Unexpected UTF-8 BOM" for a file an editor saved with one
+    path = write(tmp_path / "p.jsonl", '\ufeff{"prompt": "a b"}\n')
+    kind, rows = read_dataset(path)
+    assert kind == "prompts" and [r.prompt for r in rows] == ["a b"]
