@@ -40,6 +40,12 @@ from autotuner.workload.requests import Api, Arrival, RequestFactory, RequestSpe
 # Warm-up requests use their own prompts, so they cannot seed the prefix cache for the run.
 _WARMUP_INDEX_BASE = 10_000_000
 
+# A run bounded by its duration stops sending once its sends took this much longer than the
+# duration: the level is undecided by then anyway (autotuner.measure.pacing.PACE_TOLERANCE),
+# and a generator that cannot keep up (a rate of 1e5 req/s schedules 6 million requests in a
+# minute) would otherwise go on sending, and keeping records, until the hard deadline.
+OVERRUN = 0.05
+
 # Every request opens its own connection (``force_close``): none is ever reused. A pooled
 # connection can be written to just as the server's keep-alive (vLLM's and uvicorn's default:
 # 5 s) closes it, and the request fails ("Connection reset by peer", "Server disconnected"),
@@ -579,8 +585,8 @@ async def warm_to_steady(
             pool = SendPool()
             for i, offset in enumerate(plan.offsets()):
                 delay = run.t0 + min(offset, rule.max_s) - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                # Due or not, the requests created so far start first: decide() counts them.
+                await asyncio.sleep(max(0.0, delay))
                 if decide():
                     break
                 task = await pool.start(functools.partial(one, i, offset), run.t0 + rule.max_s)
@@ -631,7 +637,10 @@ async def _warmup(
 
 
 async def _open_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) -> None:
-    deadline = run.t0 + plan.hard_deadline()
+    deadline = run.t0 + plan.hard_deadline()  # requests still running then are cut
+    sending = deadline  # no send leaves after this
+    if plan.duration_s is not None:
+        sending = min(deadline, run.t0 + plan.duration_s * (1 + OVERRUN))
     tasks: list[asyncio.Task[RequestRecord]] = []
     count = itertools.count() if plan.requests is None else range(plan.requests)
     pool = SendPool()
@@ -644,12 +653,12 @@ async def _open_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) 
             delay = run.t0 + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            elif time.perf_counter() >= deadline:  # behind, and out of time
+            elif time.perf_counter() >= sending:  # behind, and out of time
                 run.scheduled = scheduled_requests(plan, len(tasks))
                 break
             send = functools.partial(run.send, session, i, plan.factory.make(i), offset)
-            task = await pool.start(send, deadline)
-            if task is None:  # the pool stayed full until the deadline
+            task = await pool.start(send, sending)
+            if task is None:  # the pool stayed full until the end of the sending
                 run.scheduled = scheduled_requests(plan, len(tasks))
                 break
             tasks.append(task)
