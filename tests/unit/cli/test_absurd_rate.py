@@ -94,6 +94,8 @@ def test_bench_at_the_highest_rate_stays_small_and_honours_sigterm(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     children: list[psutil.Process] = []
+    hang = threading.Timer(120, proc.kill)  # a bound against a hang only
+    hang.start()
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
@@ -111,6 +113,7 @@ def test_bench_at_the_highest_rate_stays_small_and_honours_sigterm(
         took = time.monotonic() - asked
         rest = proc.stderr.read()
     finally:
+        hang.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
