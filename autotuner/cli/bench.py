@@ -154,6 +154,12 @@ def print_report(outcome: BenchOutcome, out: TextIO | None = None) -> None:
         )
         if note := cache_note(engine):
             w(f"{'':<22}{note}\n")
+    if (share := r.schedule_sent()) is not None:
+        w(
+            f"\nwarning: the load generator sent {share:.0%} of the schedule ({len(r.records):,} "
+            f"of {r.scheduled:,} requests): its sends fell behind and the time to send ran "
+            "out\n"
+        )
     if (pace := pacing(r)) is not None and pace.behind:
         w(
             f"\nwarning: {pace.describe()}: the engine was offered less than the SLA's load; "

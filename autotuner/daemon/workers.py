@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 STOP_GRACE_S = 90.0  # a job's engines need ~10 s to stop; tune writes its state on the way
+# A cancelled job gets the same grace as at a stop, then SIGKILL: a job that does not end on
+# SIGTERM must not hold its devices until someone notices.
+CANCEL_GRACE_S = STOP_GRACE_S
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Running:
     devices: list[str]
     log: IO[bytes]
     stopping: bool = False  # the daemon interrupted it (not the job's own failure)
+    killer: asyncio.Task[None] | None = None  # SIGKILL after a cancel's grace
 
 
 # ---------------------------------------------------------------------------- start-up
@@ -67,7 +71,11 @@ def recover(d: Daemon) -> list[int]:
 
 
 def _recover_one(d: Daemon, job: Job) -> bool:
-    """Re-queue one job a previous daemon left running; False when it failed instead."""
+    """Re-queue one job a previous daemon left running; False when it failed instead (or
+    was cancelled: its cancel was asked for before the daemon stopped)."""
+    if job.cancel_requested:
+        d.store.finish(job.id, "cancelled", error="cancelled; the daemon stopped while it ended")
+        return False
     if job.attempts >= d.config.max_attempts:
         d.store.finish(job.id, "failed", error="interrupted by daemon crashes too often")
         d.alert(
@@ -213,12 +221,28 @@ async def _watch(d: Daemon, run: Running) -> None:
 
 
 def cancel(d: Daemon, job_id: int) -> str | None:
-    """Cancel a job (a running one is sent SIGTERM); its state before, None if no such job."""
+    """Cancel a job (a running one is sent SIGTERM, and SIGKILL if it still runs
+    ``CANCEL_GRACE_S`` later); its state before, None if no such job. Called in the event
+    loop."""
     state = d.store.request_cancel(job_id)
     run = d.running.get(job_id)
     if state == "running" and run is not None:
         _signal_session(run.proc.pid, signal.SIGTERM)
+        if run.killer is None:
+            run.killer = asyncio.get_running_loop().create_task(_kill_after(run, CANCEL_GRACE_S))
     return state
+
+
+async def _kill_after(run: Running, grace_s: float) -> None:
+    """SIGKILL the job's process group unless it ended within ``grace_s``."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(run.proc.wait()), grace_s)
+        return
+    if run.proc.returncode is None:  # not reaped: the pid is still this job's
+        logger.warning(
+            "job %d still running %.0f s after it was cancelled: SIGKILL", run.job.id, grace_s
+        )
+        _signal_session(run.proc.pid, signal.SIGKILL)
 
 
 async def stop_all(d: Daemon) -> None:

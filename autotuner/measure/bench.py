@@ -216,6 +216,7 @@ async def measure(
             summary,
             warmup_s=result.warmup_s,
             warmup=result.warmup,  # what the warm-up to steady state took, in result.json
+            scheduled=result.scheduled,
         )
         if (code := engine.returncode()) is not None:  # died under load: no verdict on the SLA
             raise EngineCrashed(

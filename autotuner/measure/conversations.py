@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import time
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotuner.measure.sendpool import SendPool
 from autotuner.measure.synthetic import SharedPrefix, prefix_of, with_prefix
 from autotuner.workload.requests import Arrival, RequestFactory, RequestSpec
 
@@ -149,13 +151,17 @@ async def drive(
         if arrival.open_loop:
             starts = factory.conversation_arrival(arrival).offsets(factory.base.seed)
             count = itertools.count() if conversations is None else range(conversations)
+            pool = SendPool()  # a conversation holds one request in flight at a time
             for c, offset in zip(count, starts, strict=False):
                 if late(offset):
                     break
                 delay = t0 + offset - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(talk(c, offset)))
+                task = await pool.start(functools.partial(talk, c, offset), deadline)
+                if task is None:  # the pool stayed full until the deadline
+                    break
+                tasks.append(task)
         else:
             assert arrival.concurrency is not None
             numbers = itertools.count()

@@ -246,4 +246,10 @@ def pooled(a: LoadResult, b: LoadResult) -> LoadResult:
         a.warmup_failed + b.warmup_failed,
         monitor,
         runs=(*a.spans(), *b.spans()),
+        # a run cut short keeps saying so: the schedules of both, if either was cut
+        scheduled=(
+            max(a.scheduled, len(a.records)) + max(b.scheduled, len(b.records))
+            if a.scheduled or b.scheduled
+            else 0
+        ),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import math
@@ -23,6 +24,7 @@ import aiohttp
 import numpy as np
 
 from autotuner.measure.conversations import ConversationFactory, drive
+from autotuner.measure.sendpool import SendPool
 from autotuner.measure.steady import (
     SteadyRule,
     StopReason,
@@ -32,10 +34,17 @@ from autotuner.measure.steady import (
     window_of,
 )
 from autotuner.measure.synthetic import prefix_of
+from autotuner.sla.bounds import MAX_REQUESTS
 from autotuner.workload.requests import Api, Arrival, RequestFactory, RequestSpec
 
 # Warm-up requests use their own prompts, so they cannot seed the prefix cache for the run.
 _WARMUP_INDEX_BASE = 10_000_000
+
+# A run bounded by its duration stops sending once its sends took this much longer than the
+# duration: the level is undecided by then anyway (autotuner.measure.pacing.PACE_TOLERANCE),
+# and a generator that cannot keep up (a rate of 1e5 req/s schedules 6 million requests in a
+# minute) would otherwise go on sending, and keeping records, until the hard deadline.
+OVERRUN = 0.05
 
 # Every request opens its own connection (``force_close``): none is ever reused. A pooled
 # connection can be written to just as the server's keep-alive (vLLM's and uvicorn's default:
@@ -169,6 +178,10 @@ class LoadResult:
     # What the warm-up to steady state took (WarmupRecord.to_dict()); None: no such warm-up.
     warmup: dict[str, Any] | None = None
     runs: tuple[RunSpan, ...] = ()  # the pooled runs, in the order of ``records``; () one run
+    # The requests the schedule held when the hard deadline cut the sending short, more than
+    # were sent (an open loop that fell behind, its sends waiting for a slot of the pool:
+    # autotuner.measure.sendpool); 0: every scheduled request was sent.
+    scheduled: int = 0
 
     def __post_init__(self) -> None:
         # A level file is input: a run of no requests or an unmeasurable duration is refused,
@@ -181,6 +194,14 @@ class LoadResult:
                 f"the pooled runs hold {sum(r.requests for r in self.runs)} requests, "
                 f"the result {len(self.records)}"
             )
+        if self.scheduled < 0:
+            raise ValueError(f"a schedule of {self.scheduled} requests")
+
+    def schedule_sent(self) -> float | None:
+        """The share of the schedule's requests that were sent; None when all were."""
+        if self.scheduled <= len(self.records):
+            return None
+        return len(self.records) / self.scheduled
 
     def spans(self) -> tuple[RunSpan, ...]:
         """The runs in this result (one, unless pooled)."""
@@ -243,6 +264,7 @@ class LoadResult:
             "monitor": self.monitor,
             "records": [asdict(r) for r in self.records],
             **({"runs": [asdict(r) for r in self.runs]} if self.runs else {}),
+            **({"scheduled": self.scheduled} if self.scheduled else {}),
         }
 
     @classmethod
@@ -270,6 +292,7 @@ class LoadResult:
                 if "runs" in data
                 else _runs_by_index(records, float(data["duration_s"]))
             ),
+            scheduled=int(data.get("scheduled", 0)),
         )
 
 
@@ -312,6 +335,7 @@ class _Run:
         self.last_end = 0.0
         # Answers' text by request index, kept only for conversations (their history).
         self.answers: dict[int, str] | None = None
+        self.scheduled = 0  # see LoadResult.scheduled
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -513,6 +537,7 @@ async def run_load(
         warmup_failed=warmup_failed,
         warmup_s=warmup_s,
         warmup=None if warmed is None else warmed.to_dict(),
+        scheduled=run.scheduled,
     )
 
 
@@ -557,13 +582,17 @@ async def warm_to_steady(
     tasks: list[asyncio.Task[None]] = []
     try:
         if plan.arrival.open_loop:
+            pool = SendPool()
             for i, offset in enumerate(plan.offsets()):
                 delay = run.t0 + min(offset, rule.max_s) - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                # Due or not, the requests created so far start first: decide() counts them.
+                await asyncio.sleep(max(0.0, delay))
                 if decide():
                     break
-                tasks.append(asyncio.create_task(one(i, offset)))
+                task = await pool.start(functools.partial(one, i, offset), run.t0 + rule.max_s)
+                if task is None:  # the pool stayed full until the time bound
+                    break
+                tasks.append(task)
         else:
             counter = itertools.count()
 
@@ -608,9 +637,13 @@ async def _warmup(
 
 
 async def _open_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) -> None:
-    deadline = run.t0 + plan.hard_deadline()
+    deadline = run.t0 + plan.hard_deadline()  # requests still running then are cut
+    sending = deadline  # no send leaves after this
+    if plan.duration_s is not None:
+        sending = min(deadline, run.t0 + plan.duration_s * (1 + OVERRUN))
     tasks: list[asyncio.Task[RequestRecord]] = []
     count = itertools.count() if plan.requests is None else range(plan.requests)
+    pool = SendPool()
     try:
         for i, offset in zip(count, plan.offsets(), strict=False):
             if plan.duration_s is not None and offset >= plan.duration_s:
@@ -620,12 +653,35 @@ async def _open_loop(run: _Run, session: aiohttp.ClientSession, plan: LoadPlan) 
             delay = run.t0 + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(run.send(session, i, plan.factory.make(i), offset)))
+            elif time.perf_counter() >= sending:  # behind, and out of time
+                run.scheduled = scheduled_requests(plan, len(tasks))
+                break
+            send = functools.partial(run.send, session, i, plan.factory.make(i), offset)
+            task = await pool.start(send, sending)
+            if task is None:  # the pool stayed full until the end of the sending
+                run.scheduled = scheduled_requests(plan, len(tasks))
+                break
+            tasks.append(task)
         remaining = deadline - time.perf_counter()
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, remaining))
     finally:
         await _cancel(tasks)
+
+
+def scheduled_requests(plan: LoadPlan, sent: int) -> int:
+    """The requests ``plan``'s schedule holds (at least ``sent``): its request count, or those
+    due within its duration (a Poisson schedule's expected number)."""
+    n, span = plan.requests, plan.duration_s
+    if span is not None:
+        rate = plan.arrival.rate
+        if plan.arrival.process != "trace" and rate:
+            by_time = math.ceil(rate * span)
+        else:  # a trace's own times: counted, as far as a level could go
+            times = itertools.islice(plan.offsets(), MAX_REQUESTS)
+            by_time = len([t for t in times if t < span])
+        n = by_time if n is None else min(n, by_time)
+    return max(n or 0, sent)
 
 
 async def _conversations(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AfterValidator, Discriminator, Field, Tag, field_validator, model_validator
 
 from autotuner.core.yamlpos import KeyPath
 from autotuner.sla.base import Strict, fail, fail_all, show
@@ -13,6 +13,7 @@ from autotuner.sla.bounds import (
     MAX_CONCURRENCY,
     MAX_LEVEL_REQUESTS,
     MAX_LEVEL_S,
+    MAX_RATE,
     MAX_REQUEST_TIMEOUT_S,
     MAX_REQUESTS,
     MAX_SECONDS,
@@ -93,18 +94,34 @@ TokenCount = Annotated[
 """A fixed token count (int >= 1) or a distribution mapping."""
 
 
+def _sendable(rate: float) -> float:
+    if rate > MAX_RATE:
+        raise fail(
+            f"must be at most {MAX_RATE:,.0f} req/s, got {show(rate)}: the load generator is "
+            "one process and spends far more than 10 us of a core on each request (about "
+            "540 us on a 2-core host), so no host sends a higher rate; it would only be "
+            "scheduled, never offered to the engine"
+        )
+    return rate
+
+
+OpenRate = Annotated[float, Field(ge=MIN_RATE), AfterValidator(_sendable)]
+"""An open loop's req/s: at least ``MIN_RATE``, at most what a load generator can send
+(``MAX_RATE``, see :mod:`autotuner.sla.bounds`)."""
+
+
 class PoissonArrival(Strict):
     """Open loop: exponential gaps, ``rate`` requests per second on average."""
 
     process: Literal["poisson"]
-    rate: float = Field(ge=MIN_RATE)
+    rate: OpenRate
 
 
 class ConstantArrival(Strict):
     """Open loop: one request every ``1/rate`` seconds."""
 
     process: Literal["constant"]
-    rate: float = Field(ge=MIN_RATE)
+    rate: OpenRate
 
 
 class ConcurrencyArrival(Strict):
