@@ -707,9 +707,7 @@ class SearchPlan:
             "none": "cannot move it",
         }
         for i, r in enumerate(self.ranked(study), 1):
-            label = labels[r.status]
-            if r.status == "trade":
-                label = f"trades it against {'/'.join(r.lever.costs)}"
+            label = labels.get(r.status, f"trades it against {'/'.join(r.lever.costs)}")
             lines.append(
                 f"  lever {i}: {r.lever.describe()}: {label} ({r.lever.evidence()}): {r.lever.why}"
             )
