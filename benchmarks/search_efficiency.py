@@ -123,6 +123,7 @@ from autotuner.measure.sustained import SUSTAIN_TOLERANCE
 from autotuner.records.trial import TrialRecord
 from autotuner.search.duplicates import DUPLICATE_STEPS
 from autotuner.search.levers import load_levers
+from autotuner.search.nearby import steps
 from autotuner.search.priors import SearchPlan
 from autotuner.search.progress import StudyStopper, best_launch, defaults_line
 from autotuner.search.rules import CrashMemory
@@ -1233,21 +1234,21 @@ class Run:
     near_duplicates: int = 0  # launches within the resolution of an earlier launch
 
 
-def _within_resolution(a: Params, b: Params) -> bool:
-    """Two launched configs the measurement cannot tell apart: every value the same, or both
-    numbers less than ~11 % apart (search.duplicates' 0.15 steps on a log range)."""
+def _within_resolution(space: SearchSpace, a: Params, b: Params) -> bool:
+    """Two launched configs the measurement cannot tell apart: every knob of the space less
+    than ``DUPLICATE_STEPS`` of :func:`autotuner.search.nearby.steps` apart (a log-range knob
+    ~11 %; a list's choice, a flag, a quarter of a linear range are whole steps), the rest
+    equal."""
+    specs = {p.name: p for p in space.params}
     for k in set(a) | set(b):
         x, y = a.get(k), b.get(k)
         if x == y:
             continue
         if (
-            isinstance(x, int | float)
-            and isinstance(y, int | float)
-            and not isinstance(x, bool)
-            and not isinstance(y, bool)
-            and x > 0
-            and y > 0
-            and abs(math.log2(x / y)) < DUPLICATE_STEPS
+            k in specs
+            and x is not None
+            and y is not None
+            and steps(specs[k], x, y) < DUPLICATE_STEPS
         ):
             continue
         return False
@@ -1268,11 +1269,15 @@ class Bench:
         self.gpu_s: list[float] = []  # per launch: engine start + levels, GPU-seconds
         self.launched: list[dict[str, Any]] = []
         self.near_duplicates = 0
+        self.space = problem.surface.space()
 
     def launch(self, p: Params) -> Truth:
         self.launches += 1
         mine = {**self.problem.defaults, **p}
-        if any(_within_resolution(mine, {**self.problem.defaults, **q}) for q in self.launched):
+        if any(
+            _within_resolution(self.space, mine, {**self.problem.defaults, **q})
+            for q in self.launched
+        ):
             self.near_duplicates += 1
         self.launched.append(dict(p))
         if self.reached_at is None and self.problem.near_best(p):

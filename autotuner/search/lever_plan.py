@@ -178,13 +178,21 @@ def infeasible_answer(
 ) -> str | None:
     """The answer "no lossless setting of this engine meets ..." once every lever of the
     space that moves ``gap``'s limit was pulled and no launch met the SLA; None before (or
-    when one met it, a launch is in flight, or the table knows no lever for the limit)."""
+    when one met it, a launch is in flight, the table knows no lever for the limit, or the
+    closest miss lies within ``tune.capacity_resolution`` of its limits: noise may have put a
+    config that meets the SLA on the wrong side)."""
     if not ranked or best_launch(study) is not None or _busy(study):
         return None
     usable = [r for r in ranked if r.status in ("try", "trade")]
     if any(not pulled(study, r) for r in usable):
         return None
     closest = incumbent(study)
+    if closest is not None and closest.constraints:
+        # A miss within the measurement's resolution may be a config that meets the SLA,
+        # measured on the wrong side of its limit: not an answer; the budget ends the search.
+        worst = max(closest.constraints.values())
+        if worst <= sla.tune.capacity_resolution:
+            return None
     load = own_load(sla)
     unit = "concurrent requests" if sla.workload.arrival.process == "concurrency" else "req/s"
     lossy_rows = [r for r in ranked if r.status == "lossy"]
