@@ -105,6 +105,7 @@ import textwrap
 import time
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,8 +121,11 @@ from autotuner.measure.levels import LOAD_INDEPENDENT
 from autotuner.measure.quantile import Outcome, combine
 from autotuner.measure.sustained import SUSTAIN_TOLERANCE
 from autotuner.records.trial import TrialRecord
+from autotuner.search.duplicates import DUPLICATE_STEPS
+from autotuner.search.levers import load_levers
+from autotuner.search.nearby import steps
 from autotuner.search.priors import SearchPlan
-from autotuner.search.progress import StudyStopper, best_launch
+from autotuner.search.progress import StudyStopper, best_launch, defaults_line
 from autotuner.search.rules import CrashMemory
 from autotuner.search.stopping import StoppingRule
 from autotuner.search.study import (
@@ -134,6 +138,7 @@ from autotuner.search.study import (
 )
 from autotuner.search.trial import Level, SearchSettings, TrialResult, describe_stop
 from autotuner.sla.spec import Sla, parse_sla
+from autotuner.sla.tuning import DEFAULT_GPU_MINUTES
 from autotuner.space import ParamOverride, SearchSpace, load_space
 
 Params = Mapping[str, Any]
@@ -973,6 +978,155 @@ def _interpolate(levels: Sequence[Recorded], rate: float) -> tuple[dict[str, flo
     return metrics, None if ra is None or rb is None else mix(ra, rb)
 
 
+# --------------------------------------------------------------------------- long prompts
+
+
+LONG_BUDGETS = [1024, 2048, 4096, 8192, 16384]
+LONG_THRESHOLDS = [0, 256, 512, 1024, 2048, 4096]
+LONG_SEQS = [16, 24, 32, 48, 64, 96, 128, 256, 512, 1024]
+LONG_DEFAULTS = {
+    "max_num_seqs": 1024,
+    "max_num_batched_tokens": 8192,
+    "long_prefill_token_threshold": 0,
+}
+# p99 TPOT / p99 TTFT factors of the step budget and of the long-prefill cap (see the doc).
+LONG_BUDGET_EFFECT = {
+    1024: (1.0, 1.8),
+    2048: (0.97, 1.3),
+    4096: (0.985, 1.1),
+    8192: (1.0, 1.0),
+    16384: (1.05, 0.95),
+}
+LONG_CAP_EFFECT = {
+    0: (1.0, 1.0),
+    256: (0.985, 1.15),
+    512: (0.985, 1.08),
+    1024: (0.99, 1.04),
+    2048: (1.0, 1.0),
+    4096: (1.0, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class LongPromptSurface:
+    """Llama-3.1-8B shape on one GPU, prompts of about 2,000 tokens: 2000 in / 256 out at
+    5 req/s, p99 TPOT 15 ms, p99 TTFT 2 s, lossless. The engine defaults miss p99 TPOT by 12 %:
+    the prefill work of long prompts shares decode steps. max_num_seqs only trades TPOT for
+    TTFT (a cap below the p99 burst cuts the decode batch, the requests over it wait for a
+    slot), a step budget of 2048 or 4096 and a long-prefill cap take 1.5-3 % off TPOT at a TTFT
+    cost, and no setting of the three meets both limits (an analytic stand-in for the study of
+    issue 37, not a measurement)."""
+
+    name: str = "long-prompt-tpot"
+    allow_lossy: bool = False
+    rate: float = 5.0
+    tpot_ms: float = 15.0
+    ttft_ms: float = 2000.0
+    output_tokens: int = 256
+
+    @property
+    def doc(self) -> str:
+        return " ".join((LongPromptSurface.__doc__ or "").split())
+
+    @property
+    def sla(self) -> Sla:
+        return parse_sla(
+            f"name: {self.name}\n"
+            "model: {synth: llama-3.1-8b}\n"
+            f"workload: {{input_tokens: 2000, output_tokens: {self.output_tokens}, "
+            f"arrival: {{process: poisson, rate: {self.rate}}}, requests: 600}}\n"
+            f"constraints: {{p99_ttft_ms: {self.ttft_ms}, p99_tpot_ms: {self.tpot_ms}}}\n"
+            "objectives: [{maximize: capacity}]\n"
+        )
+
+    def latencies(self, p: Params, rate: float) -> tuple[float, float, float]:
+        """p99 TTFT, p99 TPOT and the requests in flight at ``rate`` (inf: slots too few)."""
+        seqs = int(p.get("max_num_seqs") or LONG_DEFAULTS["max_num_seqs"])
+        budget = int(p.get("max_num_batched_tokens") or LONG_DEFAULTS["max_num_batched_tokens"])
+        cap = int(p.get("long_prefill_token_threshold") or 0)
+        tb, fb = LONG_BUDGET_EFFECT.get(budget, (1.0, 1.0))
+        tc, fc = LONG_CAP_EFFECT.get(cap, (1.0, 1.0))
+        running = 20.0 * rate / self.rate
+        if seqs <= running:
+            return math.inf, math.inf, running
+        burst = running + 7 * math.sqrt(running)
+        x = min(1.0, seqs / burst)
+        tpot = 16.8 * math.sqrt(rate / self.rate) * tb * tc * (0.8 + 0.2 * x)
+        ttft = 900 * (rate / self.rate) * fb * fc + 12000 * (1 - x)
+        return ttft, tpot, running
+
+    def truth(self, p: Params) -> Truth:
+        ttft, tpot, _ = self.latencies(p, self.rate)
+
+        def meets(rate: float) -> bool:
+            t, s, _ = self.latencies(p, rate)
+            return t <= self.ttft_ms and s <= self.tpot_ms
+
+        if not meets(self.rate):
+            return Truth(0.0, ttft, tpot)
+        lo, hi = self.rate, self.rate * 2
+        while meets(hi):
+            lo, hi = hi, hi * 2
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+        return Truth(lo, ttft, tpot)
+
+    def points(self) -> list[dict[str, Any]]:
+        return [
+            {"max_num_seqs": s, "max_num_batched_tokens": b, "long_prefill_token_threshold": c}
+            for c in LONG_THRESHOLDS
+            for b in LONG_BUDGETS
+            for s in LONG_SEQS
+        ]
+
+    def grid_order(self) -> list[dict[str, Any]]:
+        return self.points()
+
+    def space(self) -> SearchSpace:
+        """The three knobs: max_num_seqs as the space file's log range (so that a warm start
+        sized from a measurement can land 1 apart), the step budget on its list, the cap on
+        the file's own choices; everything else left to the engine."""
+
+        def space(overrides: Mapping[str, ParamOverride]) -> SearchSpace:
+            return load_space(
+                "vllm",
+                VLLM_VERSION,
+                device="gpu",
+                gpu_count=1,
+                compute_capability=(9, 0),
+                allow_lossy=False,
+                overrides=overrides,
+            )
+
+        keep = {"max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold"}
+        overrides = {n: ParamOverride(exclude=True) for n in space({}).names if n not in keep}
+        overrides["max_num_batched_tokens"] = ParamOverride(values=list(LONG_BUDGETS))
+        return space(overrides)
+
+    def measure(
+        self, p: Params, t: Truth, z: np.ndarray, start: float | None = None
+    ) -> TrialResult:
+        return _found(dict(p), self.sla, self.rate, lambda r: self.level_at(p, z, r), start)
+
+    def level_at(self, p: Params, z: np.ndarray, rate: float) -> Seen:
+        load = rate / z[2]
+        ttft, tpot, running = self.latencies(p, load)
+        seqs = int(p.get("max_num_seqs") or LONG_DEFAULTS["max_num_seqs"])
+        kept = rate if math.isfinite(ttft) else rate * seqs / max(running, 1e-9)
+        ttft = min(ttft, 10 * self.ttft_ms) * z[0]
+        tpot = min(tpot, 10 * self.tpot_ms) * z[1]
+        mean_ttft = ttft / 4
+        metrics: dict[str, float | None] = {
+            "p99_ttft_ms": ttft,
+            "p99_tpot_ms": tpot,
+            "request_rate": kept,
+            "mean_ttft_ms": mean_ttft,
+            "mean_e2e_ms": mean_ttft + (self.output_tokens - 1) * tpot / 1.4,
+        }
+        return Seen.judged(self.sla, metrics, rate, kept)
+
+
 def _real() -> Replayable:
     return RealSurface.load()
 
@@ -988,6 +1142,7 @@ SURFACES: dict[str, Callable[[], Replayable]] = {
     "defaults-best": defaults_best,
     "h200-8b-real": _real,
     "h200-8b-equal-memory": _equal_memory,
+    "long-prompt-tpot": LongPromptSurface,
 }
 
 
@@ -1037,6 +1192,7 @@ class Problem:
     best_config: dict[str, Any]
     near: int  # grid points within the tolerance of the best
     target: float  # true goodput a launch needs to count as near-best
+    defaults: dict[str, Any] = field(default_factory=dict)  # the engine's, for comparisons
 
     @classmethod
     def of(cls, surface: Replayable, tolerance: float) -> Problem:
@@ -1046,7 +1202,7 @@ class Problem:
         best = truths[key_of(top)].goodput
         target = (1 - tolerance) * best
         near = sum((t := truths[key_of(p)]).feasible and t.goodput >= target for p in points)
-        return cls(surface, points, truths, best, top, near, target)
+        return cls(surface, points, truths, best, top, near, target, engine_defaults(surface))
 
     def truth(self, p: Params) -> Truth:
         key = key_of(p)
@@ -1056,7 +1212,7 @@ class Problem:
 
     def near_best(self, p: Params) -> bool:
         t = self.truth(p)
-        return t.feasible and t.goodput >= self.target
+        return t.feasible and t.goodput > 0 and t.goodput >= self.target
 
 
 @dataclass(frozen=True)
@@ -1074,6 +1230,29 @@ class Run:
     gpu_min: float = 0.0  # GPU-minutes of every launch until the run ended
     gpu_min_near: float | None = None  # ... up to the first near-best launch (None: never)
     raced_out: int = 0  # candidates pruned at the incumbent's capacity (race)
+    answer: str = ""  # what the search ended with (new, old): see ANSWERS
+    near_duplicates: int = 0  # launches within the resolution of an earlier launch
+
+
+def _within_resolution(space: SearchSpace, a: Params, b: Params) -> bool:
+    """Two launched configs the measurement cannot tell apart: every knob of the space less
+    than ``DUPLICATE_STEPS`` of :func:`autotuner.search.nearby.steps` apart (a log-range knob
+    ~11 %; a list's choice, a flag, a quarter of a linear range are whole steps), the rest
+    equal."""
+    specs = {p.name: p for p in space.params}
+    for k in set(a) | set(b):
+        x, y = a.get(k), b.get(k)
+        if x == y:
+            continue
+        if (
+            k in specs
+            and x is not None
+            and y is not None
+            and steps(specs[k], x, y) < DUPLICATE_STEPS
+        ):
+            continue
+        return False
+    return True
 
 
 class Bench:
@@ -1088,9 +1267,19 @@ class Bench:
         self.seen: dict[str, int] = {}
         self.missed: list[bool] = []  # per launch: failed, or missed the SLA at its own load
         self.gpu_s: list[float] = []  # per launch: engine start + levels, GPU-seconds
+        self.launched: list[dict[str, Any]] = []
+        self.near_duplicates = 0
+        self.space = problem.surface.space()
 
     def launch(self, p: Params) -> Truth:
         self.launches += 1
+        mine = {**self.problem.defaults, **p}
+        if any(
+            _within_resolution(self.space, mine, {**self.problem.defaults, **q})
+            for q in self.launched
+        ):
+            self.near_duplicates += 1
+        self.launched.append(dict(p))
         if self.reached_at is None and self.problem.near_best(p):
             self.reached_at = self.launches
         t = self.problem.truth(p)
@@ -1108,6 +1297,7 @@ class Bench:
             window=len(window),
             gpu_min=sum(self.gpu_s) / 60,
             gpu_min_near=near,
+            near_duplicates=self.near_duplicates,
         )
 
     def measure(self, p: Params, start: float | None = None) -> TrialResult:
@@ -1199,6 +1389,7 @@ def run_ours(
     *,
     new: bool = False,
     race: bool = False,
+    levers: bool = True,
 ) -> Run:
     """The real study loop on ``problem``. ``new``: with the search as ``autotuner tune`` runs
     it now (priors, warm start, hopeless values, stopping rule), to its own end; otherwise the
@@ -1242,6 +1433,11 @@ def run_ours(
         if new:
             plan = SearchPlan(space, surface.sla, study_dir, warm_limit=max(1, budget // 2))
             plan.engine_defaults = lambda params: engine_defaults(surface)
+            if levers:  # the lever table, near-duplicates, the GPU-minute budget (issue 37)
+                plan.levers = load_levers(registry.get("vllm").levers_file)
+                plan.where = "on this GPU"
+            else:
+                plan.duplicate_steps = None
             stopper = StudyStopper(StoppingRule(patience=PATIENCE, resolution=RESOLUTION))
         runner = (StudyRunner if new else _UntilNearBest)(
             surface.sla,
@@ -1251,7 +1447,7 @@ def run_ours(
             fixed=space.fixed,
             prune=memory.near_crash,
             run=run,
-            budget=Budget(budget),
+            budget=Budget(budget, None, DEFAULT_GPU_MINUTES if new and levers else None),
             on_crash=lambda p, cause: memory.record(p, cause),
             say=lambda line: None if line.startswith(("trial", " ")) else stops.append(line),
             plan=plan,
@@ -1273,9 +1469,32 @@ def run_ours(
             )
             raced = sum(raced_out(t) for t in study.get_trials(deepcopy=False))
             run_stats = dataclasses.replace(
-                run_stats, recognised=recognised, stop=stop, learned=learned, raced_out=raced
+                run_stats,
+                recognised=recognised,
+                stop=stop,
+                learned=learned,
+                raced_out=raced,
+                answer=answer_of(study, stop),
             )
     return run_stats
+
+
+ANSWERS = {
+    "infeasible": "infeasible losslessly, with the closest miss",
+    "defaults": "the engine defaults, within the resolution of the best",
+    "config": "a config that met the SLA",
+    "none": "nothing met the SLA, the budget spent (no answer)",
+}
+
+
+def answer_of(study: optuna.Study, stop: str) -> str:
+    """What a search ended with (a key of :data:`ANSWERS`)."""
+    if stop.startswith("stopped, infeasible"):
+        return "infeasible"
+    if best_launch(study) is None:
+        return "none"
+    line = defaults_line(study, RESOLUTION) or ""
+    return "defaults" if "inside the" in line or "no config tried" in line else "config"
 
 
 def engine_defaults(surface: Replayable) -> dict[str, Any]:
@@ -1284,6 +1503,8 @@ def engine_defaults(surface: Replayable) -> dict[str, Any]:
     chunked prefill or prefix caching, which the space leaves to the engine unresolved."""
     if isinstance(surface, RealSurface):
         return dict(H200_DEFAULTS)
+    if isinstance(surface, LongPromptSurface):
+        return dict(LONG_DEFAULTS)
     known = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size")
     return {k: DEFAULTS[k] for k in known}
 
@@ -1298,9 +1519,15 @@ def run_order(problem: Problem, order: list[dict[str, Any]], budget: int) -> Run
 
 
 METHODS = ("new", "race", "ours", "grid", "random")
-EXTRA_METHODS = ("ours-random", "ours-group")  # diagnostics, only when asked for with --methods
+SELF_STOPPING = ("new", "race", "old")  # searches that end themselves: their answer counts
+EXTRA_METHODS = (
+    "ours-random",
+    "ours-group",
+    "old",
+)  # diagnostics, only when asked for with --methods
 LABELS = {
-    "new": "new search (priors, warm start, hopeless, stopping)",
+    "new": "new search (priors, warm start, hopeless, stopping, levers, near-duplicates)",
+    "old": "the new search before issue 37 (no lever table, no near-duplicate rule)",
     "race": "the new search racing candidates against the incumbent",
     "ours": "plain TPE (the search before)",
     "ours-random": "study loop, random sampler",
@@ -1325,6 +1552,8 @@ LEVEL_S = 25.0
 def run_method(problem: Problem, method: str, seed: int, budget: int, noise: float) -> Run:
     if method == "new":
         return run_ours(problem, "auto", seed, budget, noise, new=True)
+    if method == "old":
+        return run_ours(problem, "auto", seed, budget, noise, new=True, levers=False)
     if method == "race":
         return run_ours(problem, "auto", seed, budget, noise, new=True, race=True)
     if method == "ours":
@@ -1399,6 +1628,7 @@ def main(argv: list[str] | None = None) -> int:
         "surfaces": {},
     }
     rows: list[list[str]] = []
+    answer_rows: list[list[str]] = []
     checks: list[str] = []
     for name in args.surfaces:
         problem = Problem.of(SURFACES[name](), args.tolerance)
@@ -1468,7 +1698,7 @@ def main(argv: list[str] | None = None) -> int:
                 "runs": [dataclasses.asdict(r) for r in runs],
                 "wall_s": round(time.monotonic() - t0, 1),
             }
-            if method in ("new", "race"):
+            if method in SELF_STOPPING:
                 entry["methods"][method] |= {
                     "raced_out": sum(r.raced_out for r in runs),
                     "launches_median": ends,
@@ -1476,7 +1706,21 @@ def main(argv: list[str] | None = None) -> int:
                     "missed_share_after_defaults": own,
                     "recognised": sum(recognised) / len(recognised) if recognised else None,
                     "pruned_after_a_miss": sum(r.learned for r in runs),
+                    "answers": {a: sum(r.answer == a for r in runs) for a in ANSWERS},
+                    "near_duplicate_launches": sum(r.near_duplicates for r in runs),
                 }
+                answers = Counter(r.answer for r in runs)
+                top, n_top = answers.most_common(1)[0]
+                answer_rows.append(
+                    [
+                        name,
+                        method,
+                        f"{top} ({n_top}/{len(runs)})",
+                        str(ends),
+                        _minutes(_median_minutes(gpu_all)),
+                        str(sum(r.near_duplicates for r in runs)),
+                    ]
+                )
                 third = grid_launches / 3
                 ok_reach = p90 is not None and p90 <= third
                 checks.append(
@@ -1488,7 +1732,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             shown = " ".join("-" if c is None else str(c) for c in counts)
             print(f"  {method:<12} {shown}   ({time.monotonic() - t0:.0f} s)")
-            if method in ("new", "race"):
+            if method in SELF_STOPPING:
                 print(f"  {'':<12} stopped at " + " ".join(str(r.launches) for r in runs))
                 print(f"  {'':<12} GPU-minutes " + " ".join(f"{g:.0f}" for g in gpu_all))
                 if method == "race":
@@ -1502,13 +1746,13 @@ def main(argv: list[str] | None = None) -> int:
                     _cell(p90, args.budget),
                     f"{reached:.0%}",
                     f"{before:.0%}",
-                    str(ends) if method in ("new", "race") else "-",
-                    f"{whole:.0%} ({own:.0%})" if method in ("new", "race") else "-",
+                    str(ends) if method in SELF_STOPPING else "-",
+                    f"{whole:.0%} ({own:.0%})" if method in SELF_STOPPING else "-",
                     f"{entry['methods'][method]['recognised']:.0%}"
-                    if method in ("new", "race")
+                    if method in SELF_STOPPING
                     else "-",
                     _minutes(gpu_med),
-                    _minutes(_median_minutes(gpu_all)) if method in ("new", "race") else "-",
+                    _minutes(_median_minutes(gpu_all)) if method in SELF_STOPPING else "-",
                 ]
             )
         report["surfaces"][name] = entry
@@ -1546,6 +1790,15 @@ def main(argv: list[str] | None = None) -> int:
                 for i, (c, w) in enumerate(zip(r, widths, strict=True))
             )
         )
+    if answer_rows:
+        print(
+            "\nlaunches and GPU-minutes to an actionable answer (median over the seeds; the "
+            "searches that end themselves): "
+            + "; ".join(f"{k}: {v}" for k, v in ANSWERS.items())
+            + "; near-dup: launches within the resolution of an earlier launch (all seeds)"
+        )
+        _table(["surface", "method", "answer", "launches", "GPU-min", "near-dup"], answer_rows)
+    report["answers"] = answer_rows
     if checks:
         print("\ndone-when targets (issue 16):")
         for line in checks:
@@ -1556,6 +1809,17 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print(
+            "  ".join(
+                c.ljust(w) if i < 3 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
 
 
 def _cell(v: int | None, budget: int) -> str:

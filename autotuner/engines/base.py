@@ -412,6 +412,9 @@ class EngineAdapter(Protocol):
     crash_traits: CrashTraits
     env_traits: EnvTraits
     deploy: DeployRenderer
+    # The engine's lever table (which option moves which SLA limit, and where that was
+    # measured; autotuner/search/levers.py reads it). None: the engine has none.
+    levers_file: Path | None
 
     def params_to_args(self, params: Params) -> list[str]:
         """Engine options -> command-line words. Raises ValueError for a reserved option."""

@@ -47,6 +47,7 @@ from autotuner.records.trial import StudyRecord, TrialRecord
 from autotuner.search import rerun
 from autotuner.search.capacity_compare import two_pair_warning
 from autotuner.search.layout_plan import memory_limit_reason as memory_limit_reason
+from autotuner.search.levers import load_levers
 from autotuner.search.lock import study_lock
 from autotuner.search.priors import SearchPlan, memory_fix, sampler_startup, strategy_for
 from autotuner.search.progress import StudyStopper, defaults_line
@@ -268,9 +269,18 @@ def _tune(
     space, grid, grid_only = study_space(sla, adapter, version, hw)
     study_dir = trials_dir / sla.name
     url = storage_url(study_dir, sla.tune.storage)
-    budget = Budget(budget_trials or default_budget(sla, grid), sla.tune.time_budget_s)
+    budget = Budget(
+        budget_trials or default_budget(sla, grid),
+        sla.tune.time_budget_s,
+        sla.tune.gpu_minutes(sla.target.kind),
+    )
     _say(f"study {sla.name} in {study_dir} ({url.split('://')[0]} storage)")
     _say(f"engine: {engine} ({how})")
+    if budget.gpu_minutes is not None:
+        _say(
+            f"budget: {budget.trials} launches or {budget.gpu_minutes:g} GPU-minutes "
+            "(tune.budget_gpu_minutes), whichever comes first"
+        )
     dims = _describe(hw, space, grid, grid_only, budget)
     sampler = make_sampler(
         sla.tune.sampler,
@@ -366,6 +376,7 @@ def _retune_budget(study: optuna.Study, budget: Budget, extra: int, fresh: bool)
     """A re-tune: the launches counted so far plus ``extra``; with ``fresh``, the decision
     rests on its own launches from here on."""
     done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+    # Extra launches asked for by number: the GPU-minute budget of the first run is spent.
     budget = Budget(done + extra, budget.time_s)
     _say(f"re-tune: {done} launches so far, budget raised to {budget.trials}")
     if fresh:
@@ -425,11 +436,21 @@ def _strategy(
     for note in plan.describe():
         _say(f"  {note}")
     plan.engine_defaults = partial(pruning.adapter.defaults, hw)  # what a miss ran with
+    plan.levers = load_levers(pruning.adapter.levers_file)  # what moves which limit
+    plan.where = _where(hw)
     plan.start_from = memory_fix(space, pruning.over_memory)
     if plan.start_from:
         fix = ", ".join(f"{k}={v}" for k, v in plan.start_from.items())
         _say(f"  warm start on {fix}: the engine defaults {pruning.over_memory({})}")
     return plan, stopper
+
+
+def _where(hw: HardwareProfile) -> str:
+    """The target in the "infeasible losslessly" answer: "on this GPU", "on these 2 GPUs"."""
+    n = len(hw.gpus)
+    if n == 0:
+        return "on this host's CPU"
+    return "on this GPU" if n == 1 else f"on these {n} GPUs"
 
 
 def _suggest(

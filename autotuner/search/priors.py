@@ -47,6 +47,9 @@ from autotuner.core.types import ParamValue as Value
 from autotuner.core.types import same_value
 from autotuner.measure.levels import LOAD_INDEPENDENT
 from autotuner.records.trial import TrialRecord
+from autotuner.search.duplicates import DUPLICATE_STEPS, NearDuplicate, near_duplicate
+from autotuner.search.lever_plan import Gap, baseline_gap, infeasible_answer, long_prompts, pulled
+from autotuner.search.levers import LeverTable, Ranked, rank
 from autotuner.search.misses import EngineDefaults, MissBook
 from autotuner.search.nearby import NEAR_STEPS, into_reach, nearest_feasible
 from autotuner.search.progress import (
@@ -481,6 +484,13 @@ class SearchPlan:
     # The engine's own values of options it decides (None: unknown), for search.misses.
     engine_defaults: EngineDefaults | None = None
     near_steps: float | None = NEAR_STEPS
+    # The engine's lever table (search.levers; None: no lever ranking, no "infeasible
+    # losslessly" answer) and how the target is named in that answer.
+    levers: LeverTable | None = None
+    where: str = ""
+    # A candidate this close to a measured config in every knob is not launched
+    # (search.duplicates; None: only exact repeats are reused).
+    duplicate_steps: float | None = DUPLICATE_STEPS
     _book: MissBook | None = field(default=None, repr=False)
     _capacity: dict[int, tuple[dict[str, float], str | None]] = field(
         default_factory=dict, repr=False
@@ -626,10 +636,108 @@ class SearchPlan:
         around = dict(best.params) if best is not None else {}
         if best_launch(study) is None:  # nothing holds the SLA yet: build on the memory fix
             around = {**self.start_from, **around}
+            # The levers that can move what bound the defaults, in their rank order, each
+            # on top of the launch closest to meeting the SLA (so that those that help add up).
+            for lever in self.ranked(study):
+                if lever.status not in ("try", "trade") or pulled(study, lever):
+                    continue
+                for value in self._lever_values(study, lever):
+                    cand = _active(self.space, {**around, lever.lever.name: value})
+                    if lever.lever.name not in cand or (lever.lever.name, repr(value)) in done:
+                        continue
+                    if config_key({**fixed, **cand}) not in tried:
+                        return dict(cand)
         for name, value, cand in warm_candidates(self.space, around, self.situation(study)):
             if (name, repr(value)) not in done and config_key({**fixed, **cand}) not in tried:
                 return dict(cand)
         return None
+
+    # ----------------------------------------------------------------------- levers
+
+    def gap(self, study: optuna.Study) -> Gap | None:
+        """What bound the engine defaults at the SLA's own load (search.lever_plan)."""
+        return baseline_gap(study, self.sla)
+
+    def ranked(self, study: optuna.Study) -> list[Ranked]:
+        """The levers for the limit the defaults missed, best first; empty without a lever
+        table, or when the defaults met the SLA (or have not been measured)."""
+        gap = self.gap(study)
+        if self.levers is None or gap is None:
+            return []
+        s = self.situation(study)
+        priors = {p.name: _prior_values(p, s) for p in self.space.params if p.prior is not None}
+        ranked = rank(
+            self.levers,
+            gap.limit,
+            self.space,
+            long_prompts=long_prompts(self.sla),
+            prior_values=priors,
+        )
+
+        def prior_rank(r: Ranked) -> int:
+            # Among levers of one status and no measured effect, the space file's prior rank.
+            if r.lever.measured is not None and r.lever.measured.change is not None:
+                return -1
+            names = {p.name: p for p in self.space.params}
+            p = names.get(r.lever.name)
+            return _rank(p) if p is not None and p.prior is not None else 1000
+
+        order = {"try": 0, "trade": 1, "lossy": 2, "outside": 3, "none": 4}
+        return sorted(ranked, key=lambda r: (order[r.status], prior_rank(r)))
+
+    def _lever_values(self, study: optuna.Study, r: Ranked) -> list[ParamValue]:
+        """The values a lever is pulled with: the table's, else the prior's now; a trade once
+        (its first value): it only moves the limit at another's cost."""
+        values = list(r.values)
+        if not values:
+            p = next((q for q in self.space.params if q.name == r.lever.name), None)
+            values = _prior_values(p, self.situation(study)) if p is not None else []
+        return values[:1] if r.status == "trade" else values
+
+    def lever_lines(self, study: optuna.Study) -> list[str]:
+        """After the baseline: the limit that bound it, the gap, and the levers in order."""
+        gap = self.gap(study)
+        if self.levers is None or gap is None:
+            return []
+        lines = [f"the engine defaults missed {gap.describe()} at the SLA's own load"]
+        labels = {
+            "try": "moves it",
+            "lossy": "lossy: needs search.allow_lossy",
+            "outside": "outside this search space",
+            "none": "cannot move it",
+        }
+        for i, r in enumerate(self.ranked(study), 1):
+            label = labels.get(r.status, f"trades it against {'/'.join(r.lever.costs)}")
+            lines.append(
+                f"  lever {i}: {r.lever.describe()}: {label} ({r.lever.evidence()}): {r.lever.why}"
+            )
+        if len(lines) == 1:
+            lines.append(f"  the engine's lever table knows no lever for {gap.limit}")
+        return lines
+
+    def infeasible(self, study: optuna.Study) -> str | None:
+        """ "No lossless setting ... meets ..." once the levers for what bound the defaults are
+        spent and nothing met the SLA (search.lever_plan); None otherwise."""
+        gap = self.gap(study)
+        if self.levers is None or gap is None:
+            return None
+        where = self.where or f"on this {self.space.device.upper()}"
+        return infeasible_answer(
+            study,
+            self.sla,
+            self.ranked(study),
+            gap,
+            lossy_allowed=self.sla.search.allow_lossy,
+            where=where,
+        )
+
+    def near_duplicate(
+        self, study: optuna.Study, suggested: Mapping[str, Value]
+    ) -> NearDuplicate | None:
+        """The measured config that stands for ``suggested`` (search.duplicates), if any."""
+        if self.duplicate_steps is None:
+            return None
+        return near_duplicate(study, self.misses(), _scalars(suggested), self.duplicate_steps)
 
     def suggest_warm(self, trial: optuna.Trial, values: Mapping[str, Value]) -> dict[str, Value]:
         """Suggest exactly ``values`` (enqueued for ``trial``): Optuna records them as the

@@ -77,6 +77,7 @@ class StudyMismatch(BadInput):
 class Budget:
     trials: int  # finished launches, baseline included
     time_s: float | None = None
+    gpu_minutes: float | None = None  # GPU-minutes of the counted launches (None: no limit)
 
 
 def config_key(params: Mapping[str, ParamValue]) -> str:
@@ -570,9 +571,13 @@ class StudyRunner:
         waiting = any(t.state == TrialState.WAITING for t in trials)
         return baseline and not waiting and not sampler.free_points(self.study)
 
-    def _stop_reason(self, skips: int) -> str | None:
+    def _stop_reason(self, skips: int, in_flight: int = 0) -> str | None:
         if self.grid_done():
             return "grid done: every point was measured, pruned or reused"
+        if self.plan is not None and (answer := self.plan.infeasible(self.study)) is not None:
+            return f"stopped, infeasible: {answer}"
+        if (over := self._over_gpu_budget(in_flight)) is not None:
+            return over
         if skips >= MAX_CONSECUTIVE_SKIPS:
             kinds = ", ".join(f"{n} {kind}" for kind, n in self.skipped.most_common(3))
             return (
@@ -584,6 +589,46 @@ class StudyRunner:
             if decision.stop:
                 return decision.reason
         return None
+
+    def gpu_seconds(self) -> tuple[float, int]:
+        """GPU-seconds of the counted launches (since a re-tune began) and how many there
+        were that recorded their cost."""
+        since = fresh_from(self.study)
+        total, timed = 0.0, 0
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number < since or not counted(t):
+                continue
+            spent = TrialRecord.from_trial(t).gpu_seconds
+            if spent:
+                total += sum(spent.values())
+                timed += 1
+        return total, timed
+
+    def _over_gpu_budget(self, in_flight: int) -> str | None:
+        """Why the next launch would pass the GPU-minute budget (the launches in flight and
+        it costing what a launch has cost on average), with what the search would do with
+        more; None while it fits (or before any launch recorded its cost)."""
+        limit = self.budget.gpu_minutes
+        if limit is None:
+            return None
+        spent, timed = self.gpu_seconds()
+        if timed == 0:
+            return None
+        mean = spent / timed
+        if spent + mean * (in_flight + 1) <= limit * 60 + 1e-9:
+            return None
+        nxt = self._warm()
+        if nxt is not None:
+            more = "launch " + (", ".join(f"{k}={v}" for k, v in nxt.items()) or "the defaults")
+        else:
+            best = best_so_far(self.study)
+            near = f"near trial {best.number}, the best so far" if best is not None else "anywhere"
+            more = f"launch the sampler's candidates {near}"
+        return (
+            f"stopped: GPU-minute budget: {spent / 60:.1f} of {limit:g} GPU-minutes spent, and "
+            f"the next launch (about {mean / 60:.1f}) would pass it. With more "
+            f"(tune.budget_gpu_minutes) it would {more}"
+        )
 
     def _warm(self) -> dict[str, ParamValue] | None:
         """The next warm-start candidate's tuned values, once the baseline has started and no
@@ -614,7 +659,7 @@ class StudyRunner:
                 and self.spent() + len(in_flight) < self.budget.trials
                 and self.time_left()
             ):
-                stop = self._stop_reason(skips)
+                stop = self._stop_reason(skips, len(in_flight))
                 if stop is not None:
                     break
                 pending = self.prepare()
@@ -713,6 +758,19 @@ class StudyRunner:
             self._reuse(trial, earlier)
             self.skipped["repeats of a measured config"] += 1
             return None
+        near = (
+            None
+            if baseline or self.plan is None
+            else self.plan.near_duplicate(self.study, suggested)
+        )
+        if near is not None:
+            stood = next(t for t in self.study.get_trials(deepcopy=False) if t.number == near.trial)
+            why = f"near-duplicate: {near.describe()}; not launched, its result stands for it"
+            TrialRecord(reason=why).save(trial.set_user_attr)
+            self._reuse(trial, stood, quiet=True)
+            self.say(f"trial {trial.number}: {why}")
+            self.skipped["near-duplicates of a measured config"] += 1
+            return None
         if not baseline:
             reason = self.prune(params)
             if not reason and self.plan is not None:
@@ -770,7 +828,7 @@ class StudyRunner:
                 return t
         return None
 
-    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial, quiet: bool = False) -> None:
         TrialRecord(duplicate_of=earlier.number).save(trial.set_user_attr)
         # The earlier trial's result: the attributes it has, not the record's defaults.
         result = TrialRecord.from_trial(earlier).model_dump(include=_REUSED, exclude_unset=True)
@@ -779,7 +837,8 @@ class StudyRunner:
             trial.set_constraint(key, value)
         TrialRecord(constraints=earlier.constraints).save(trial.set_user_attr)
         self.study.tell(trial, earlier.values)
-        self.say(f"trial {trial.number}: same config as trial {earlier.number}; result reused")
+        if not quiet:
+            self.say(f"trial {trial.number}: same config as trial {earlier.number}; result reused")
 
     def finish(self, pending: _Pending, result: TrialResult) -> None:
         """Tell the study what a launch measured."""
@@ -798,6 +857,8 @@ class StudyRunner:
         state = tell_result(self.study, pending.trial, result, self.sla, rel)
         if pending.baseline and self.plan is not None:
             self.plan.observe_baseline(result)
+            for line in self.plan.lever_lines(self.study):
+                self.say(line)
         if result.status == "failed":
             self.on_crash(pending.params, result.cause or "other")
             self.say(

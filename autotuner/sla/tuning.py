@@ -30,11 +30,21 @@ class ConfirmSpec(Strict):
     min_effect: float = Field(default=0.05, ge=0, lt=1)  # relative capacity win required
 
 
+# What a study on a GPU target may spend when its SLA sets no tune.budget_gpu_minutes: the
+# default 12 launches of a one-GPU study at about 3-5 GPU-minutes each (engine start and 4-8
+# load levels on an H200), with room for a slower start.
+DEFAULT_GPU_MINUTES = 60.0
+
+
 class TuneSpec(Strict):
     """Budget and strategy of ``autotuner tune``."""
 
     trials: int = Field(default=12, ge=1, le=10_000)  # engine launches, baseline included
     time_budget_s: float | None = Field(default=None, gt=0, le=365 * 24 * 3600.0)
+    # GPU-minutes the search may spend (devices x wall time of its launches); the search stops
+    # before a launch that would pass it and says what it would do with more. null: the
+    # default on a GPU target (DEFAULT_GPU_MINUTES), none on a CPU target.
+    budget_gpu_minutes: float | None = Field(default=None, gt=0, le=1_000_000.0)
     # grid: every combination of the `values` lists in search.params (vLLM auto_tune style)
     sampler: Literal["auto", "tpe", "gp", "nsga2", "random", "grid"] = "auto"
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
@@ -55,6 +65,12 @@ class TuneSpec(Strict):
     # launch each, after the search) for the bundle's kernel breakdown; null: on for GPUs.
     profile: bool | None = None
     storage: str | None = None  # SQLAlchemy URL; default: SQLite in the study directory
+
+    def gpu_minutes(self, target_kind: str) -> float | None:
+        """The search's GPU-minute budget on a target of this kind (None: no limit)."""
+        if self.budget_gpu_minutes is not None:
+            return self.budget_gpu_minutes
+        return DEFAULT_GPU_MINUTES if target_kind == "gpu" else None
 
     @field_validator("storage")
     @classmethod

@@ -69,6 +69,7 @@ class VllmAdapter:
     crash_traits = rules.CRASH_TRAITS
     env_traits = ENV_TRAITS
     deploy: DeployRenderer = VllmDeploy()
+    levers_file: Path | None = Path(__file__).with_name("levers.yaml")
 
     def params_to_args(self, params: Params) -> list[str]:
         return flags.params_to_args(params)

@@ -114,6 +114,7 @@ class StandinAdapter:
     env_names = EnvNames()
     metrics = METRICS
     crash_traits = CRASH_TRAITS
+    levers_file: Path | None = None
     env_traits = ENV_TRAITS
     deploy: DeployRenderer = StandinDeploy()
 
